@@ -1,0 +1,53 @@
+# Every target installs what it needs into .venv first (from constraints.txt), so each command
+# works on a fresh machine. torch is installed before anything else: an unpinned torch would
+# pull a multi-GB CUDA build.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME := $(CURDIR)/dagster_home
+export LITHI_HOME ?= $(CURDIR)/.lithi
+
+.PHONY: demo test lint ui bench setup browser clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0 -c constraints.txt
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+## The main job end to end: stage digits, local Compute (PARTIAL first), daemon + sensor, chain.
+demo: $(STAMP)
+	$(BIN)/python -m pipeline.demo
+
+## The whole test suite, linter first.
+test: $(STAMP) browser
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q
+
+## Chromium from Debian for the browser test (skipped with a loud reason where it cannot start).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "WARNING: could not install chromium; the browser test will say so"; \
+	  else echo "WARNING: chromium not installed and not root; the browser test will say so"; fi; }
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+## The Dagster UI on the demo's instance.
+ui: $(STAMP)
+	$(BIN)/dagster dev -w workspace.yaml -p 3000
+
+bench: $(STAMP)
+	$(BIN)/python bench/verify.py
+	$(BIN)/python bench/loader.py
+
+clean:
+	rm -rf .lithi dagster_home/storage dagster_home/history dagster_home/schedules dagster_home/logs

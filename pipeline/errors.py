@@ -1,0 +1,67 @@
+"""One exception family for every way a bundle can be wrong.
+
+Each error names the file (or field) and what was expected versus what was found, so a
+message read in a log or a Dagster run page is enough to act on without a stack trace.
+"""
+
+from __future__ import annotations
+
+
+class BundleError(Exception):
+    """Base of every bundle contract violation."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class IncompleteBundle(BundleError):
+    """The bundle has no ``result-manifest.json``: it is not finished, whatever files it has."""
+
+
+class ManifestInvalid(BundleError):
+    """``result-manifest.json`` is not JSON, or does not satisfy the v1 model."""
+
+
+class UnsafePath(BundleError):
+    """A bound path is absolute, escapes the bundle, or is a symlink or not a regular file."""
+
+
+class MissingFile(BundleError):
+    """A file the manifest binds is not in the bundle."""
+
+
+class UnboundFile(BundleError):
+    """A file is in the bundle directory but the manifest does not bind it."""
+
+
+class SizeMismatch(BundleError):
+    """A bound file's byte size differs from the manifest's ``bytes``."""
+
+
+class DigestMismatch(BundleError):
+    """A file's sha256, or the bundle's ``content_sha256``, differs from the manifest."""
+
+
+class RowCountMismatch(BundleError):
+    """A Parquet file's row count differs from the manifest's ``rows``."""
+
+
+class SchemaMismatch(BundleError):
+    """A part's Parquet schema differs from the declared schema (name, order, type, nullability)."""
+
+
+class IdentifierError(BundleError):
+    """An item id is null, not a string, or appears more than once in the bundle."""
+
+
+class CountMismatch(BundleError):
+    """The manifest's counts disagree with the rows, or with each other."""
+
+
+class StatusMismatch(BundleError):
+    """The job status disagrees with the outstanding list (PARTIAL exactly when items are left)."""
+
+
+class BundleExists(BundleError):
+    """Staging refused: a bundle already exists under that name and is never overwritten."""

@@ -1,0 +1,323 @@
+"""``result-manifest.json`` v1 as pydantic models: validated at the edge, plain data inside.
+
+The manifest is the only complete-bundle marker and binds every file, count and schema. The
+models below enforce every rule that can be checked from the manifest alone; the rules that
+need the files (digests, row counts, Parquet schemas, id uniqueness) live in ``verify``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+import pyarrow as pa
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from pipeline import format as fmt
+from pipeline.errors import CountMismatch, ManifestInvalid, StatusMismatch
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+Kind = Literal["input", "result", "prediction"]
+JobStatus = Literal["SUCCEEDED", "PARTIAL", "FAILED"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SnapshotId(_Model):
+    """The identity to pin in an experiment record: which version, which exact bytes."""
+
+    version_id: NonEmpty
+    content_sha256: Sha256
+
+
+class NextAction(_Model):
+    """What a PARTIAL job asks of its caller: resubmit the outstanding items."""
+
+    action: Literal["resubmit_outstanding"]
+    items: int = Field(ge=1)
+
+
+class JobInfo(_Model):
+    """The Compute job a result bundle came from, and which attempt produced this version."""
+
+    job_id: NonEmpty
+    status: JobStatus
+    attempt: int = Field(ge=1)
+    parent_version_id: NonEmpty | None = None
+    next_action: NextAction | None = None
+
+
+class InputRef(_Model):
+    """The snapshot this bundle derives from, and the credential reference used to read it."""
+
+    version_id: NonEmpty
+    content_sha256: Sha256
+    credential_ref: NonEmpty | None = None
+
+    @property
+    def snapshot(self) -> SnapshotId:
+        """The input's identity without the credential reference."""
+        return SnapshotId(version_id=self.version_id, content_sha256=self.content_sha256)
+
+
+class SchemaField(_Model):
+    """One declared column: its name, its vocabulary type, and whether it may hold nulls."""
+
+    name: NonEmpty
+    type: str
+    nullable: bool
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        fmt.to_arrow(v)  # raises UnknownType (a ValueError) with the vocabulary in its message
+        return v
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        """The Arrow type this field maps to."""
+        return fmt.to_arrow(self.type)
+
+
+class Schema(_Model):
+    """Declared columns, in column order."""
+
+    fields: list[SchemaField] = Field(min_length=1)
+
+    @field_validator("fields")
+    @classmethod
+    def _unique_names(cls, v: list[SchemaField]) -> list[SchemaField]:
+        seen: set[str] = set()
+        for f in v:
+            if f.name in seen:
+                raise ValueError(f"column {f.name!r} is declared twice")
+            seen.add(f.name)
+        return v
+
+    @property
+    def names(self) -> list[str]:
+        """Column names in order."""
+        return [f.name for f in self.fields]
+
+    def field(self, name: str) -> SchemaField:
+        """Return the declared field ``name``, or raise ``KeyError`` naming the columns."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"column {name!r} is not declared (declared: {', '.join(self.names)})")
+
+    def to_arrow(self) -> pa.Schema:
+        """The Arrow schema every part must have, nullability included."""
+        return pa.schema([pa.field(f.name, f.arrow_type, nullable=f.nullable) for f in self.fields])
+
+    @classmethod
+    def from_arrow(cls, schema: pa.Schema) -> Schema:
+        """Declare an Arrow schema in the vocabulary (dictionary strings become ``string``)."""
+        return cls(
+            fields=[
+                SchemaField(name=f.name, type=fmt.from_arrow(f.type), nullable=f.nullable)
+                for f in schema
+            ]
+        )
+
+
+class FileEntry(_Model):
+    """A bound file: where it is in the bundle and exactly what it contains."""
+
+    path: NonEmpty
+    sha256: Sha256
+    bytes: int = Field(ge=0)
+    rows: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        p = PurePosixPath(v)
+        if p.is_absolute() or ".." in p.parts or "\\" in v or str(p) != v:
+            raise ValueError(f"path {v!r} must be a normalised relative path inside the bundle")
+        return v
+
+
+class Counts(_Model):
+    """Item counts; result bundles add accepted/failed/abstained (summing to items), outstanding."""
+
+    items: int = Field(ge=0)
+    accepted: int | None = Field(default=None, ge=0)
+    failed: int | None = Field(default=None, ge=0)
+    abstained: int | None = Field(default=None, ge=0)
+    outstanding: int | None = Field(default=None, ge=0)
+
+    @property
+    def by_status(self) -> dict[str, int]:
+        """Accepted, failed and abstained counts (zero where not a result bundle)."""
+        return {s: getattr(self, s) or 0 for s in fmt.STATUSES}
+
+
+class Manifest(_Model):
+    """``result-manifest.json`` v1: parse with :func:`parse_manifest`, write with ``to_json``."""
+
+    manifest_version: Literal[1]
+    kind: Kind
+    snapshot: SnapshotId
+    job: JobInfo | None
+    input: InputRef | None
+    item_id_field: NonEmpty
+    schema_: Schema = Field(alias="schema")
+    parts: list[FileEntry]
+    outstanding: FileEntry | None
+    counts: Counts
+    created_at: AwareDatetime
+
+    @field_serializer("created_at")
+    def _rfc3339(self, v: datetime) -> str:
+        return v.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    @field_validator("created_at")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        if v.utcoffset() != UTC.utcoffset(None):
+            raise ValueError("created_at must be in UTC")
+        return v
+
+    @field_validator("parts")
+    @classmethod
+    def _part_paths(cls, v: list[FileEntry]) -> list[FileEntry]:
+        for i, p in enumerate(v):
+            if p.path != fmt.part_path(i):
+                raise ValueError(f"part {i} must be at {fmt.part_path(i)!r}, found {p.path!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self) -> Manifest:
+        names = self.schema_.names
+        if self.item_id_field not in names:
+            raise ValueError(f"item_id_field {self.item_id_field!r} is not a declared column")
+        idf = self.schema_.field(self.item_id_field)
+        if idf.type != "string" or idf.nullable:
+            raise ValueError(
+                f"item_id_field {self.item_id_field!r} must be declared string, non-null; "
+                f"found {idf.type}, nullable={idf.nullable}"
+            )
+        if self.outstanding is not None and self.outstanding.path != fmt.OUTSTANDING_NAME:
+            raise ValueError(f"outstanding must be at {fmt.OUTSTANDING_NAME!r}")
+        rows = sum(p.rows for p in self.parts)
+        if self.counts.items != rows:
+            raise _count(f"counts.items is {self.counts.items} but the parts hold {rows} rows")
+        if self.kind == "input" and self.input is not None:
+            raise ValueError("an input bundle has no input")
+        if self.kind != "input" and self.input is None:
+            raise ValueError(f"a {self.kind} bundle must name its input snapshot")
+        if self.kind == "result":
+            self._result_rules()
+        else:
+            if self.job is not None:
+                raise ValueError(f"job is only for result bundles, not {self.kind}")
+            if self.outstanding is not None:
+                raise ValueError("outstanding is only for result bundles")
+            extra = [
+                s for s in (*fmt.STATUSES, "outstanding") if getattr(self.counts, s) is not None
+            ]
+            if extra:
+                raise ValueError(f"counts {extra} are only for result bundles")
+        return self
+
+    def _result_rules(self) -> None:
+        if self.job is None:
+            raise ValueError("a result bundle must describe its job")
+        missing = [c for c in fmt.RESULT_COLUMNS if c not in self.schema_.names]
+        if missing:
+            raise ValueError(f"a result bundle must declare {missing}")
+        c = self.counts
+        if None in (c.accepted, c.failed, c.abstained, c.outstanding):
+            raise ValueError(
+                "a result bundle's counts need accepted, failed, abstained, outstanding"
+            )
+        if c.accepted + c.failed + c.abstained != c.items:  # type: ignore[operator]
+            raise _count(
+                f"accepted {c.accepted} + failed {c.failed} + abstained {c.abstained} "
+                f"!= items {c.items}"
+            )
+        out_rows = self.outstanding.rows if self.outstanding else 0
+        if c.outstanding != out_rows:
+            raise _count(f"counts.outstanding is {c.outstanding}, outstanding file has {out_rows}")
+        partial = out_rows > 0
+        if partial != (self.job.status == "PARTIAL"):
+            raise _status(
+                f"job status {self.job.status} with {out_rows} outstanding items: a result "
+                "is PARTIAL exactly when it has outstanding items"
+            )
+        if partial:
+            na = self.job.next_action
+            if na is None or na.items != out_rows:
+                raise _status(
+                    f"a PARTIAL job needs next_action resubmit_outstanding with items={out_rows}"
+                )
+        elif self.job.next_action is not None:
+            raise _status(f"a {self.job.status} job has no next_action")
+
+    @property
+    def bound_files(self) -> list[FileEntry]:
+        """Every bound data file in manifest order: parts, then the outstanding list."""
+        return [*self.parts, *([self.outstanding] if self.outstanding else [])]
+
+    @property
+    def is_partial(self) -> bool:
+        """Whether this is a PARTIAL result (some submitted items have no result yet)."""
+        return self.job is not None and self.job.status == "PARTIAL"
+
+    def to_json(self) -> str:
+        """Serialise as the canonical manifest text (aliases, sorted nothing, trailing newline)."""
+        return self.model_dump_json(by_alias=True, indent=2) + "\n"
+
+
+def _count(msg: str) -> PydanticCustomError:
+    return PydanticCustomError("count_mismatch", msg)
+
+
+def _status(msg: str) -> PydanticCustomError:
+    return PydanticCustomError("status_mismatch", msg)
+
+
+_ERROR_TYPES = {"count_mismatch": CountMismatch, "status_mismatch": StatusMismatch}
+
+
+def parse_manifest(text: str | bytes, *, path: str = fmt.MANIFEST_NAME) -> Manifest:
+    """Parse and validate manifest text, raising :class:`ManifestInvalid` naming every problem."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestInvalid(f"{path} is not JSON: {e}", path=path) from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
+            for err in e.errors()
+        )
+        kinds = {_ERROR_TYPES.get(err["type"], ManifestInvalid) for err in e.errors()}
+        cls = kinds.pop() if len(kinds) == 1 else ManifestInvalid
+        raise cls(f"{path} does not satisfy manifest v1: {problems}", path=path) from None
+
+
+def json_schema() -> dict:
+    """The JSON Schema of manifest v1, as checked into ``docs/result-manifest.schema.json``."""
+    schema = Manifest.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Lithi result-manifest.json v1"
+    return schema

@@ -1,0 +1,284 @@
+"""Stage data as an immutable bundle: parts first, manifest last, one atomic rename into place.
+
+A crash at any point leaves either no bundle under the final name or a complete one. Parts and
+the manifest are written and fsynced inside a hidden temporary sibling directory, the result is
+verified there, and only then is the directory renamed to its final name with
+``RENAME_NOREPLACE``, so an existing version is never overwritten or modified.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import format as fmt
+from pipeline.digest import content_sha256, sha256_file
+from pipeline.errors import BundleExists, IdentifierError, SchemaMismatch
+from pipeline.fsutil import atomic_write_text, fsync_dir, fsync_file, rename_noreplace
+from pipeline.manifest import (
+    Counts,
+    FileEntry,
+    InputRef,
+    JobInfo,
+    Kind,
+    Manifest,
+    NextAction,
+    Schema,
+    SnapshotId,
+)
+from pipeline.verify import VerifiedSnapshot, verify
+
+DEFAULT_ROWS_PER_PART = 262_144
+ROW_GROUP_ROWS = 65_536  # the iterable reader's memory bound is one row group of one part
+
+
+@dataclass(frozen=True)
+class ReusedPart:
+    """A part of an earlier bundle to bind again: hard-linked into the new one, never rewritten."""
+
+    bundle: Path
+    entry: FileEntry
+
+
+def new_version_id(kind: str) -> str:
+    """A version id unique per staging: kind, UTC time to the microsecond, and 32 random bits."""
+    return f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{secrets.token_hex(4)}"
+
+
+def stage(
+    data: pa.Table | Iterable[pa.RecordBatch],
+    dest: str | os.PathLike[str],
+    *,
+    id_field: str,
+    kind: Kind,
+    schema: pa.Schema | None = None,
+    rows_per_part: int = DEFAULT_ROWS_PER_PART,
+    job: JobInfo | None = None,
+    input: InputRef | None = None,
+    outstanding_ids: Sequence[str] | pa.Array | None = None,
+    reuse_parts: Sequence[ReusedPart] = (),
+    version_id: str | None = None,
+    on_rows: callable | None = None,
+) -> VerifiedSnapshot:
+    """Write ``data`` as a bundle at ``dest`` (which must not exist) and return it verified.
+
+    ``data`` is a table, or an iterable of record batches with ``schema`` given, so data larger
+    than memory streams through. Column types are declared from ``schema`` (or the table's) and
+    every batch is cast to them. ``reuse_parts`` are bound first, as hard links. For a PARTIAL
+    result pass ``outstanding_ids``; ``job.next_action`` is filled in from their count.
+    """
+    dest = Path(dest)
+    if os.path.lexists(dest):
+        raise BundleExists(
+            f"{dest}: a bundle already exists there and is never overwritten", path=str(dest)
+        )
+    if rows_per_part < 1:
+        raise ValueError(f"rows_per_part must be >= 1, got {rows_per_part}")
+    if isinstance(data, pa.Table):
+        schema = schema or data.schema
+        batches: Iterable[pa.RecordBatch] = data.to_batches(max_chunksize=ROW_GROUP_ROWS)
+    elif schema is None:
+        raise ValueError("stage() needs schema= when data is a stream of record batches")
+    else:
+        batches = data
+    declared = Schema.from_arrow(_plain(schema, id_field))
+    target = declared.to_arrow()
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.staging-{secrets.token_hex(6)}"
+    (tmp / fmt.PARTS_DIR).mkdir(parents=True)
+    try:
+        parts = _link_parts(tmp, reuse_parts)
+        status_counts = dict.fromkeys(fmt.STATUSES, 0)
+        parts += _write_parts(
+            tmp, batches, target, id_field, kind, rows_per_part, len(parts), status_counts, on_rows
+        )
+        for r in reuse_parts:  # reused parts' statuses count too; read just that column
+            if kind == "result":
+                col = pq.read_table(r.bundle / r.entry.path, columns=[fmt.STATUS_COLUMN])
+                for row in pc.value_counts(col.column(0)).to_pylist():
+                    status_counts[row["values"]] = (
+                        status_counts.get(row["values"], 0) + row["counts"]
+                    )
+        outstanding = None
+        if outstanding_ids is not None and len(outstanding_ids) > 0:
+            outstanding = _write_outstanding(tmp, outstanding_ids, id_field)
+        fsync_dir(tmp / fmt.PARTS_DIR)
+        manifest = _manifest(
+            kind, declared, id_field, parts, outstanding, status_counts, job, input, version_id
+        )
+        atomic_write_text(tmp / fmt.MANIFEST_NAME, manifest.to_json(), replace=False)
+        verify(tmp)  # never publish what would not verify
+        try:
+            rename_noreplace(tmp, dest)
+        except FileExistsError:
+            raise BundleExists(
+                f"{dest}: a bundle appeared there while staging; it is left untouched",
+                path=str(dest),
+            ) from None
+        fsync_dir(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return verify(dest)
+
+
+def _plain(schema: pa.Schema, id_field: str) -> pa.Schema:
+    """Declared types: dictionary-encoded values become their value type; the id is non-null."""
+    fields = []
+    for f in schema:
+        t = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+        if pa.types.is_large_string(t):
+            t = pa.string()
+        nullable = False if f.name == id_field else f.nullable
+        fields.append(pa.field(f.name, t, nullable=nullable))
+    if id_field not in schema.names:
+        raise SchemaMismatch(f"id field {id_field!r} is not a column (columns: {schema.names})")
+    if not pa.types.is_string(fields[schema.get_field_index(id_field)].type):
+        raise IdentifierError(
+            f"id field {id_field!r} must be a string column, found "
+            f"{schema.field(id_field).type}; ids are never numbers"
+        )
+    return pa.schema(fields)
+
+
+def _link_parts(tmp: Path, reuse: Sequence[ReusedPart]) -> list[FileEntry]:
+    entries = []
+    for i, r in enumerate(reuse):
+        rel = fmt.part_path(i)
+        try:
+            os.link(r.bundle / r.entry.path, tmp / rel)
+        except OSError:  # another file system: copy once
+            shutil.copyfile(r.bundle / r.entry.path, tmp / rel)
+            fsync_file(tmp / rel)
+        entries.append(
+            FileEntry(path=rel, sha256=r.entry.sha256, bytes=r.entry.bytes, rows=r.entry.rows)
+        )
+    return entries
+
+
+def _write_parts(
+    tmp: Path,
+    batches: Iterable[pa.RecordBatch],
+    target: pa.Schema,
+    id_field: str,
+    kind: str,
+    rows_per_part: int,
+    first: int,
+    status_counts: dict[str, int],
+    on_rows,
+) -> list[FileEntry]:
+    entries: list[FileEntry] = []
+    writer: pq.ParquetWriter | None = None
+    rows_in_part = 0
+
+    def close() -> None:
+        nonlocal writer
+        if writer is None:
+            return
+        writer.close()
+        rel = fmt.part_path(first + len(entries))
+        p = tmp / rel
+        fsync_file(p)
+        entries.append(
+            FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows_in_part)
+        )
+        writer = None
+
+    for batch in batches:
+        batch = _conform(batch, target, id_field)
+        if kind == "result":
+            for row in pc.value_counts(batch.column(fmt.STATUS_COLUMN)).to_pylist():
+                v = row["values"]
+                status_counts[v] = status_counts.get(v, 0) + row["counts"]
+        offset = 0
+        while offset < batch.num_rows:
+            if writer is None:
+                writer = pq.ParquetWriter(
+                    tmp / fmt.part_path(first + len(entries)), target, compression="snappy"
+                )
+                rows_in_part = 0
+            take = min(rows_per_part - rows_in_part, batch.num_rows - offset)
+            writer.write_batch(batch.slice(offset, take), row_group_size=ROW_GROUP_ROWS)
+            rows_in_part += take
+            offset += take
+            if on_rows is not None:
+                on_rows(take)
+            if rows_in_part == rows_per_part:
+                close()
+    close()
+    return entries
+
+
+def _conform(batch: pa.RecordBatch, target: pa.Schema, id_field: str) -> pa.RecordBatch:
+    if batch.schema.names != target.names:
+        raise SchemaMismatch(
+            f"record batch columns {batch.schema.names} differ from the declared {target.names}"
+        )
+    cols = []
+    for name, col, f in zip(target.names, batch.columns, target, strict=True):
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        if not f.nullable and col.null_count:
+            cls = IdentifierError if name == id_field else SchemaMismatch
+            raise cls(f"column {name!r} is declared non-null but holds {col.null_count} null(s)")
+        cols.append(col.cast(f.type) if col.type != f.type else col)
+    return pa.RecordBatch.from_arrays(cols, schema=target)
+
+
+def _write_outstanding(tmp: Path, ids: Sequence[str] | pa.Array, id_field: str) -> FileEntry:
+    arr = (
+        pa.array(ids, type=pa.string()) if not isinstance(ids, pa.Array) else ids.cast(pa.string())
+    )
+    if arr.null_count:
+        raise IdentifierError(f"outstanding ids hold {arr.null_count} null(s)")
+    schema = pa.schema([pa.field(id_field, pa.string(), nullable=False)])
+    p = tmp / fmt.OUTSTANDING_NAME
+    pq.write_table(pa.table([arr], schema=schema), p, compression="snappy")
+    fsync_file(p)
+    return FileEntry(
+        path=fmt.OUTSTANDING_NAME, sha256=sha256_file(p), bytes=p.stat().st_size, rows=len(arr)
+    )
+
+
+def _manifest(
+    kind, declared, id_field, parts, outstanding, status_counts, job, input, version_id
+) -> Manifest:
+    bound = [*parts, *([outstanding] if outstanding else [])]
+    items = sum(p.rows for p in parts)
+    if kind == "result":
+        n_out = outstanding.rows if outstanding else 0
+        counts = Counts(
+            items=items, outstanding=n_out, **{s: status_counts.get(s, 0) for s in fmt.STATUSES}
+        )
+        if job is not None and job.status == "PARTIAL" and job.next_action is None and n_out:
+            job = job.model_copy(
+                update={"next_action": NextAction(action="resubmit_outstanding", items=n_out)}
+            )
+    else:
+        counts = Counts(items=items)
+    return Manifest(
+        manifest_version=fmt.MANIFEST_VERSION,
+        kind=kind,
+        snapshot=SnapshotId(
+            version_id=version_id or new_version_id(kind),
+            content_sha256=content_sha256((f.sha256, f.path) for f in bound),
+        ),
+        job=job,
+        input=input,
+        item_id_field=id_field,
+        schema=declared,
+        parts=parts,
+        outstanding=outstanding,
+        counts=counts,
+        created_at=datetime.now(UTC),
+    )
