@@ -11,7 +11,17 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-CHUNK = 4 * 1024 * 1024
+#: Read size: 1 MiB measured fastest here (the buffer stays in L2; 16 MiB is ~15% slower with
+#: two threads), and large enough that hashlib drops the GIL for every update.
+CHUNK = 1024 * 1024
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | None = None) -> str:
@@ -33,14 +43,30 @@ def sha256_files(
     workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> list[str]:
-    """Hash many files in parallel threads, returning digests in the order of ``paths``."""
+    """Hash many files in parallel threads, returning digests in the order of ``paths``.
+
+    sha256 of one file is sequential, so parallelism is across files: largest first, so the
+    last file to finish is a small one and no core idles through a long tail.
+    """
     if not paths:
         return []
-    workers = workers or min(len(paths), os.cpu_count() or 1)
+    workers = workers or min(len(paths), cpu_count())
     if workers <= 1:
         return [sha256_file(p, on_bytes) for p in paths]
+    order = sorted(range(len(paths)), key=lambda i: -_size(paths[i]))
+    digests: list[str] = [""] * len(paths)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sha256") as pool:
-        return list(pool.map(lambda p: sha256_file(p, on_bytes), paths))
+        futures = {pool.submit(sha256_file, paths[i], on_bytes): i for i in order}
+        for fut, i in futures.items():
+            digests[i] = fut.result()
+    return digests
+
+
+def _size(path: str | os.PathLike[str]) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # sha256_file raises the real error
 
 
 def sha256_bytes(data: bytes) -> str:

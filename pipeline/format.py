@@ -23,6 +23,12 @@ CONFIDENCE_COLUMN = "lithi_confidence"
 VERIFICATION_COLUMN = "lithi_verification"
 RESULT_COLUMNS = (STATUS_COLUMN, CONFIDENCE_COLUMN, VERIFICATION_COLUMN)
 STATUSES = ("accepted", "failed", "abstained")
+#: Declared types each result column may have (confidence is any float width).
+RESULT_COLUMN_TYPES: dict[str, tuple[str, ...]] = {
+    STATUS_COLUMN: ("string",),
+    CONFIDENCE_COLUMN: ("float16", "float32", "float64"),
+    VERIFICATION_COLUMN: ("string",),
+}
 
 PART_PATH_RE = re.compile(r"^parts/part-(\d{5})\.parquet$")
 

@@ -8,8 +8,9 @@ need the files (digests, row counts, Parquet schemas, id uniqueness) live in ``v
 from __future__ import annotations
 
 import json
+import sys
 from datetime import UTC, datetime
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
 import pyarrow as pa
@@ -27,7 +28,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pipeline import format as fmt
-from pipeline.errors import CountMismatch, ManifestInvalid, StatusMismatch
+from pipeline.errors import (
+    BundleError,
+    CountMismatch,
+    ManifestInvalid,
+    StatusMismatch,
+    UnsafePath,
+)
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
@@ -150,7 +157,13 @@ class FileEntry(_Model):
     def _relative(cls, v: str) -> str:
         p = PurePosixPath(v)
         if p.is_absolute() or ".." in p.parts or "\\" in v or str(p) != v:
-            raise ValueError(f"path {v!r} must be a normalised relative path inside the bundle")
+            # Its own error type: a path escaping the bundle is unsafe, not merely malformed.
+            raise PydanticCustomError(
+                "unsafe_path",
+                "path {path} must be a normalised relative path inside the bundle "
+                "(no leading '/', no '..', no '\\')",
+                {"path": repr(v)},
+            )
         return v
 
 
@@ -243,6 +256,12 @@ class Manifest(_Model):
         missing = [c for c in fmt.RESULT_COLUMNS if c not in self.schema_.names]
         if missing:
             raise ValueError(f"a result bundle must declare {missing}")
+        for name, allowed in fmt.RESULT_COLUMN_TYPES.items():
+            found = self.schema_.field(name).type
+            if found not in allowed:
+                raise ValueError(
+                    f"result column {name!r} must be declared {' or '.join(allowed)}, found {found}"
+                )
         c = self.counts
         if None in (c.accepted, c.failed, c.abstained, c.outstanding):
             raise ValueError(
@@ -294,7 +313,11 @@ def _status(msg: str) -> PydanticCustomError:
     return PydanticCustomError("status_mismatch", msg)
 
 
-_ERROR_TYPES = {"count_mismatch": CountMismatch, "status_mismatch": StatusMismatch}
+_ERROR_TYPES = {
+    "count_mismatch": CountMismatch,
+    "status_mismatch": StatusMismatch,
+    "unsafe_path": UnsafePath,
+}
 
 
 def parse_manifest(text: str | bytes, *, path: str = fmt.MANIFEST_NAME) -> Manifest:
@@ -306,13 +329,21 @@ def parse_manifest(text: str | bytes, *, path: str = fmt.MANIFEST_NAME) -> Manif
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
-            for err in e.errors()
-        )
-        kinds = {_ERROR_TYPES.get(err["type"], ManifestInvalid) for err in e.errors()}
-        cls = kinds.pop() if len(kinds) == 1 else ManifestInvalid
-        raise cls(f"{path} does not satisfy manifest v1: {problems}", path=path) from None
+        raise bundle_error(e, path=path) from None
+
+
+def bundle_error(e: ValidationError, *, path: str = fmt.MANIFEST_NAME) -> BundleError:
+    """Turn a manifest ``ValidationError`` into the most specific :class:`BundleError`.
+
+    A single kind of problem (a count, the PARTIAL rule, an unsafe path) gets its own class so
+    callers can tell them apart; a mix of problems is a plain :class:`ManifestInvalid`.
+    """
+    problems = "; ".join(
+        f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors()
+    )
+    kinds = {_ERROR_TYPES.get(err["type"], ManifestInvalid) for err in e.errors()}
+    cls = kinds.pop() if len(kinds) == 1 else ManifestInvalid
+    return cls(f"{path} does not satisfy manifest v1: {problems}", path=path)
 
 
 def json_schema() -> dict:
@@ -321,3 +352,48 @@ def json_schema() -> dict:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Lithi result-manifest.json v1"
     return schema
+
+
+#: Where the generated JSON Schema is checked in, relative to the repository root.
+SCHEMA_DOC = "docs/result-manifest.schema.json"
+
+
+def json_schema_text() -> str:
+    """The JSON Schema as the exact text checked in (stable key order, trailing newline)."""
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def write_json_schema(path: str | Path) -> bool:
+    """Write the JSON Schema to ``path`` if it differs; return whether the file changed."""
+    path = Path(path)
+    text = json_schema_text()
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """Regenerate (or with ``--check``, compare) the checked-in JSON Schema."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.manifest", description="Regenerate the manifest JSON Schema."
+    )
+    default = Path(__file__).resolve().parents[1] / SCHEMA_DOC
+    ap.add_argument("path", nargs="?", type=Path, default=default)
+    ap.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    args = ap.parse_args(argv)
+    if args.check:
+        current = args.path.read_text() if args.path.exists() else ""
+        if current != json_schema_text():
+            print(f"{args.path} is out of date: run python -m pipeline.manifest", file=sys.stderr)
+            return 1
+        return 0
+    changed = write_json_schema(args.path)
+    print(f"{args.path}: {'written' if changed else 'up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,10 +19,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from pipeline import format as fmt
 from pipeline.digest import content_sha256, sha256_file
-from pipeline.errors import BundleExists, IdentifierError, SchemaMismatch
+from pipeline.errors import BundleExists, CountMismatch, IdentifierError, SchemaMismatch
 from pipeline.fsutil import atomic_write_text, fsync_dir, fsync_file, rename_noreplace
 from pipeline.manifest import (
     Counts,
@@ -34,6 +35,7 @@ from pipeline.manifest import (
     NextAction,
     Schema,
     SnapshotId,
+    bundle_error,
 )
 from pipeline.verify import VerifiedSnapshot, verify
 
@@ -67,7 +69,7 @@ def stage(
     outstanding_ids: Sequence[str] | pa.Array | None = None,
     reuse_parts: Sequence[ReusedPart] = (),
     version_id: str | None = None,
-    on_rows: callable | None = None,
+    on_rows: Callable[[int], None] | None = None,
 ) -> VerifiedSnapshot:
     """Write ``data`` as a bundle at ``dest`` (which must not exist) and return it verified.
 
@@ -83,6 +85,7 @@ def stage(
         )
     if rows_per_part < 1:
         raise ValueError(f"rows_per_part must be >= 1, got {rows_per_part}")
+    _check_lineage(kind, job, input)
     if isinstance(data, pa.Table):
         schema = schema or data.schema
         batches: Iterable[pa.RecordBatch] = data.to_batches(max_chunksize=ROW_GROUP_ROWS)
@@ -105,10 +108,7 @@ def stage(
         for r in reuse_parts:  # reused parts' statuses count too; read just that column
             if kind == "result":
                 col = pq.read_table(r.bundle / r.entry.path, columns=[fmt.STATUS_COLUMN])
-                for row in pc.value_counts(col.column(0)).to_pylist():
-                    status_counts[row["values"]] = (
-                        status_counts.get(row["values"], 0) + row["counts"]
-                    )
+                _add_statuses(col.column(0), status_counts)
         outstanding = None
         if outstanding_ids is not None and len(outstanding_ids) > 0:
             outstanding = _write_outstanding(tmp, outstanding_ids, id_field)
@@ -117,7 +117,7 @@ def stage(
             kind, declared, id_field, parts, outstanding, status_counts, job, input, version_id
         )
         atomic_write_text(tmp / fmt.MANIFEST_NAME, manifest.to_json(), replace=False)
-        verify(tmp)  # never publish what would not verify
+        staged = verify(tmp)  # never publish what would not verify
         try:
             rename_noreplace(tmp, dest)
         except FileExistsError:
@@ -129,7 +129,23 @@ def stage(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return verify(dest)
+    # The rename moved exactly the verified files (RENAME_NOREPLACE: nothing was merged into an
+    # existing directory), so hashing them a third time would prove nothing new.
+    return VerifiedSnapshot(root=dest.resolve(), manifest=staged.manifest, stats=staged.stats)
+
+
+def _check_lineage(kind: str, job: JobInfo | None, input: InputRef | None) -> None:
+    """Refuse before writing anything what the manifest would refuse after writing everything."""
+    if kind not in ("input", "result", "prediction"):
+        raise ValueError(f"kind must be input, result or prediction, got {kind!r}")
+    if kind == "input" and input is not None:
+        raise ValueError("an input bundle derives from nothing: pass input=None")
+    if kind != "input" and input is None:
+        raise ValueError(f"a {kind} bundle must name its input snapshot: pass input=InputRef(...)")
+    if kind == "result" and job is None:
+        raise ValueError("a result bundle must describe its job: pass job=JobInfo(...)")
+    if kind != "result" and job is not None:
+        raise ValueError(f"job is only for result bundles, not {kind}")
 
 
 def _plain(schema: pa.Schema, id_field: str) -> pa.Schema:
@@ -197,9 +213,7 @@ def _write_parts(
     for batch in batches:
         batch = _conform(batch, target, id_field)
         if kind == "result":
-            for row in pc.value_counts(batch.column(fmt.STATUS_COLUMN)).to_pylist():
-                v = row["values"]
-                status_counts[v] = status_counts.get(v, 0) + row["counts"]
+            _add_statuses(batch.column(fmt.STATUS_COLUMN), status_counts)
         offset = 0
         while offset < batch.num_rows:
             if writer is None:
@@ -217,6 +231,19 @@ def _write_parts(
                 close()
     close()
     return entries
+
+
+def _add_statuses(col: pa.Array | pa.ChunkedArray, counts: dict[str, int]) -> None:
+    """Count ``lithi_status`` values, refusing anything but accepted/failed/abstained."""
+    for row in pc.value_counts(col).to_pylist():
+        value, n = row["values"], row["counts"]
+        if value not in counts:
+            raise CountMismatch(
+                f"{fmt.STATUS_COLUMN} holds {value!r} in {n} row(s); "
+                f"expected one of {', '.join(fmt.STATUSES)}",
+                path=fmt.STATUS_COLUMN,
+            )
+        counts[value] += n
 
 
 def _conform(batch: pa.RecordBatch, target: pa.Schema, id_field: str) -> pa.RecordBatch:
@@ -266,6 +293,17 @@ def _manifest(
             )
     else:
         counts = Counts(items=items)
+    try:
+        return _build_manifest(
+            kind, declared, id_field, parts, outstanding, counts, bound, job, input, version_id
+        )
+    except ValidationError as e:
+        raise bundle_error(e) from None
+
+
+def _build_manifest(
+    kind, declared, id_field, parts, outstanding, counts, bound, job, input, version_id
+) -> Manifest:
     return Manifest(
         manifest_version=fmt.MANIFEST_VERSION,
         kind=kind,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,13 @@ def check(
     trusted: TrustFn | None = None,
     progress: ProgressFn | None = None,
 ) -> tuple[Manifest | None, list[BundleError], VerifyStats | None]:
-    """Find every violation in the bundle at ``path`` (for reports that list them all)."""
+    """Find every violation in the bundle at ``path`` (for reports that list them all).
+
+    Returns the manifest (``None`` if it is missing or invalid, in which case that is the only
+    error), every violation in check order, and what hashing cost. Parquet contents are only
+    read from files whose size and sha256 match their entry, so a corrupt file yields one
+    digest error rather than a cascade of misleading schema errors.
+    """
     root = Path(path)
     try:
         manifest = read_manifest(root)
@@ -103,9 +110,8 @@ def check(
     errors: list[BundleError] = []
     errors += _unbound_files(root, manifest)
     present = _stat_bound(root, manifest, errors)
-    stats = _hash_bound(root, manifest, present, errors, trusted, progress)
-    if not errors:  # Parquet checks read only files whose bytes are exactly the bound ones
-        _check_parquet(root, manifest, errors)
+    stats, intact = _hash_bound(root, manifest, present, errors, trusted, progress)
+    _check_parquet(root, manifest, intact, errors)
     digest = content_sha256((f.sha256, f.path) for f in manifest.bound_files)
     if digest != manifest.snapshot.content_sha256:
         errors.append(
@@ -210,20 +216,26 @@ def _hash_bound(
     errors: list[BundleError],
     trusted: TrustFn | None,
     progress: ProgressFn | None,
-) -> VerifyStats:
+) -> tuple[VerifyStats, set[str]]:
+    """Hash the present files in parallel; return the stats and the paths whose bytes match."""
     todo = [e for e in present if not (trusted and trusted(root / e.path, e))]
     total = sum(e.bytes for e in todo)
     done = 0
+    lock = threading.Lock()  # ``done += n`` is not atomic across hashing threads
 
-    def on_bytes(n: int) -> None:  # list.append-free counter; += on an int is fine under the GIL
+    def on_bytes(n: int) -> None:
         nonlocal done
-        done += n
+        with lock:
+            done += n
+            now = done
         if progress is not None:
-            progress(done, total)
+            progress(now, total)
 
     digests = sha256_files([root / e.path for e in todo], on_bytes=on_bytes)
+    intact = {e.path for e in present}
     for entry, digest in zip(todo, digests, strict=True):
         if digest != entry.sha256:
+            intact.discard(entry.path)
             errors.append(
                 DigestMismatch(
                     f"{root / entry.path}: sha256 expected {entry.sha256}, found {digest}",
@@ -231,53 +243,115 @@ def _hash_bound(
                 )
             )
     files = manifest.bound_files
-    return VerifyStats(
+    stats = VerifyStats(
         files_total=len(files),
         bytes_total=sum(f.bytes for f in files),
         files_hashed=len(todo),
         bytes_hashed=total,
     )
+    return stats, intact
 
 
-def _check_parquet(root: Path, manifest: Manifest, errors: list[BundleError]) -> None:
-    declared = manifest.schema_
+def _open_parquet(p: Path, entry: FileEntry, errors: list[BundleError]) -> pq.ParquetFile | None:
+    """Open a Parquet file's footer and check its row count against the entry."""
+    try:
+        pf = pq.ParquetFile(p)
+    except (pa.ArrowException, OSError) as e:
+        errors.append(SchemaMismatch(f"{p}: not a readable Parquet file: {e}", path=entry.path))
+        return None
+    if pf.metadata.num_rows != entry.rows:
+        errors.append(
+            RowCountMismatch(
+                f"{p}: manifest says {entry.rows} rows, Parquet holds {pf.metadata.num_rows}",
+                path=entry.path,
+            )
+        )
+    return pf
+
+
+def _read_ids(
+    p: Path,
+    entry: FileEntry,
+    pf: pq.ParquetFile,
+    id_field: str,
+    extra: list[str],
+    errors: list[BundleError],
+) -> pa.Table | None:
+    """Read only the id column (and ``extra`` columns) and reject null ids.
+
+    Runs before the schema comparison so that a part whose id column was written nullable and
+    holds nulls is reported as what it is, a null id, not only as a nullability difference.
+    """
+    names = pf.schema_arrow.names
+    if id_field not in names:
+        return None
+    t = pf.schema_arrow.field(id_field).type
+    if not (
+        pa.types.is_string(t) or (pa.types.is_dictionary(t) and pa.types.is_string(t.value_type))
+    ):
+        return None  # the schema check names the wrong type
+    table = pf.read(columns=[id_field, *[c for c in extra if c in names]])
+    ids = table.column(id_field)
+    if ids.null_count:
+        errors.append(
+            IdentifierError(
+                f"{p}: {ids.null_count} null value(s) in id column {id_field!r}; "
+                "expected every item to have an id",
+                path=entry.path,
+            )
+        )
+    return table
+
+
+def _check_parquet(
+    root: Path, manifest: Manifest, intact: set[str], errors: list[BundleError]
+) -> None:
+    """Row counts, schemas, ids and status counts of the parts whose bytes are intact."""
+    declared = manifest.schema_.to_arrow()
     id_field = manifest.item_id_field
+    is_result = manifest.kind == "result"
     id_arrays: list[tuple[str, pa.ChunkedArray]] = []
     status_counts = dict.fromkeys(fmt.STATUSES, 0)
+    all_counted = True  # status counts can only be compared when every part was counted
     for entry in manifest.parts:
         p = root / entry.path
-        try:
-            pf = pq.ParquetFile(p)
-        except (pa.ArrowException, OSError) as e:
-            errors.append(SchemaMismatch(f"{p}: not a readable Parquet file: {e}", path=entry.path))
+        pf = _open_parquet(p, entry, errors) if entry.path in intact else None
+        if pf is None:
+            all_counted = False
             continue
-        if pf.metadata.num_rows != entry.rows:
-            errors.append(
-                RowCountMismatch(
-                    f"{p}: manifest says {entry.rows} rows, Parquet holds {pf.metadata.num_rows}",
-                    path=entry.path,
-                )
-            )
-        problem = schema_difference(declared.to_arrow(), pf.schema_arrow)
+        extra = [fmt.STATUS_COLUMN] if is_result else []
+        table = _read_ids(p, entry, pf, id_field, extra, errors)
+        problem = schema_difference(declared, pf.schema_arrow)
         if problem:
             errors.append(SchemaMismatch(f"{p}: {problem}", path=entry.path))
-            continue
-        cols = [id_field] + ([fmt.STATUS_COLUMN] if manifest.kind == "result" else [])
-        table = pf.read(columns=cols)
-        id_arrays.append((entry.path, table.column(id_field)))
-        if manifest.kind == "result":
-            _count_statuses(p, entry, table.column(fmt.STATUS_COLUMN), status_counts, errors)
-    if manifest.outstanding is not None:
-        _check_outstanding(root, manifest, id_arrays, errors)
-    _check_ids(root, id_field, id_arrays, errors)
-    if manifest.kind == "result" and not errors:
-        found = status_counts
-        expected = manifest.counts.by_status
-        if found != expected:
+        if table is not None:
+            id_arrays.append((entry.path, table.column(id_field)))
+        if problem or table is None:
+            all_counted = False
+        elif is_result and not _count_statuses(
+            p, entry, table.column(fmt.STATUS_COLUMN), status_counts, errors
+        ):
+            all_counted = False
+    out = manifest.outstanding
+    if out is not None and out.path in intact:
+        p = root / out.path
+        pf = _open_parquet(p, out, errors)
+        if pf is not None:
+            table = _read_ids(p, out, pf, id_field, [], errors)
+            expected = pa.schema([pa.field(id_field, pa.string(), nullable=False)])
+            problem = schema_difference(expected, pf.schema_arrow)
+            if problem:
+                errors.append(SchemaMismatch(f"{p}: {problem}", path=out.path))
+            if table is not None:
+                id_arrays.append((out.path, table.column(id_field)))
+    _check_unique_ids(root, id_field, id_arrays, errors)
+    if is_result and all_counted:
+        expected_counts = manifest.counts.by_status
+        if status_counts != expected_counts:
             errors.append(
                 CountMismatch(
                     f"{root / fmt.MANIFEST_NAME}: counts by status expected "
-                    f"{expected} (manifest), found {found} in the parts",
+                    f"{expected_counts} (manifest), found {status_counts} in the parts",
                     path=fmt.MANIFEST_NAME,
                 )
             )
@@ -289,10 +363,13 @@ def _count_statuses(
     col: pa.ChunkedArray,
     counts: dict[str, int],
     errors: list[BundleError],
-) -> None:
+) -> bool:
+    """Add a part's status counts; return False (and report) if a value is not a status."""
+    ok = True
     for row in pc.value_counts(col).to_pylist():
         value, n = row["values"], row["counts"]
         if value not in counts:
+            ok = False
             errors.append(
                 CountMismatch(
                     f"{p}: {fmt.STATUS_COLUMN} holds {value!r} ({n} rows); "
@@ -302,65 +379,35 @@ def _count_statuses(
             )
         else:
             counts[value] += n
+    return ok
 
 
-def _check_outstanding(root: Path, manifest: Manifest, id_arrays: list, errors: list) -> None:
-    entry = manifest.outstanding
-    assert entry is not None
-    p = root / entry.path
-    expected = pa.schema([pa.field(manifest.item_id_field, pa.string(), nullable=False)])
-    try:
-        pf = pq.ParquetFile(p)
-    except (pa.ArrowException, OSError) as e:
-        errors.append(SchemaMismatch(f"{p}: not a readable Parquet file: {e}", path=entry.path))
-        return
-    if pf.metadata.num_rows != entry.rows:
-        errors.append(
-            RowCountMismatch(
-                f"{p}: manifest says {entry.rows} rows, Parquet holds {pf.metadata.num_rows}",
-                path=entry.path,
-            )
-        )
-    problem = schema_difference(expected, pf.schema_arrow)
-    if problem:
-        errors.append(SchemaMismatch(f"{p}: {problem}", path=entry.path))
-        return
-    id_arrays.append((entry.path, pf.read().column(manifest.item_id_field)))
-
-
-def _check_ids(
+def _check_unique_ids(
     root: Path,
     id_field: str,
     id_arrays: list[tuple[str, pa.ChunkedArray]],
     errors: list[BundleError],
 ) -> None:
-    for path, ids in id_arrays:
-        if ids.null_count:
-            errors.append(
-                IdentifierError(
-                    f"{root / path}: {ids.null_count} null value(s) in id column {id_field!r}",
-                    path=path,
-                )
-            )
-            return
-    if not id_arrays:
+    """Ids must be unique across all parts and the outstanding list, checked in Arrow."""
+    chunks = [c for _, col in id_arrays for c in col.cast(pa.string()).chunks]
+    if not chunks:
         return
-    all_ids = pa.chunked_array(
-        [c for _, col in id_arrays for c in col.cast(pa.string()).chunks], type=pa.string()
-    )
+    all_ids = pa.chunked_array(chunks, type=pa.string()).drop_null()  # nulls reported already
+    # One hash pass in C++; the per-value counts are only computed when there is a duplicate.
+    if len(pc.unique(all_ids)) == len(all_ids):
+        return
     counts = pc.value_counts(all_ids)
     dup_mask = pc.greater(counts.field("counts"), 1)
-    if pc.any(dup_mask).as_py():
-        dups = pc.filter(counts.field("values"), dup_mask).to_pylist()
-        where = [p for p, col in id_arrays if pc.any(pc.is_in(col, pa.array(dups[:1]))).as_py()]
-        errors.append(
-            IdentifierError(
-                f"{root}: {len(dups)} id(s) in {id_field!r} appear more than once, "
-                f"e.g. {dups[0]!r} "
-                f"in {', '.join(where)}",
-                path=where[0] if where else None,
-            )
+    dups = pc.filter(counts.field("values"), dup_mask)
+    first = dups[0].as_py()
+    where = [p for p, col in id_arrays if pc.any(pc.equal(col.cast(pa.string()), first)).as_py()]
+    errors.append(
+        IdentifierError(
+            f"{root}: {len(dups)} id(s) in {id_field!r} appear more than once "
+            f"(expected each exactly once), e.g. {first!r} in {', '.join(where)}",
+            path=where[0] if where else None,
         )
+    )
 
 
 def schema_difference(declared: pa.Schema, found: pa.Schema) -> str | None:

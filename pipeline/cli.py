@@ -1,0 +1,365 @@
+"""``lithi-bundle``: verify, inspect and stage bundles from a shell, with no Dagster involved.
+
+Exit codes are a contract for scripts: 0 the bundle is valid (or the command succeeded), 1 the
+bundle is invalid (every violation is listed), 2 the command was used wrongly (bad flags, a path
+that does not exist, a table that cannot be staged as asked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import pyarrow.parquet as pq
+
+from pipeline.errors import BundleError
+from pipeline.manifest import InputRef, JobInfo, Manifest
+from pipeline.stage import DEFAULT_ROWS_PER_PART, ROW_GROUP_ROWS, stage
+from pipeline.verify import VerifyStats, check, read_manifest, verify
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; exit code 2, no stack trace."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``lithi-bundle`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad usage, 0 on --help
+        return int(e.code or 0)
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"lithi-bundle {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BundleError as e:
+        print(f"lithi-bundle {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    except BrokenPipeError:  # e.g. `lithi-bundle inspect B | head`: the reader stopped
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
+        return EXIT_INVALID
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="lithi-bundle",
+        description="Verify, inspect and stage immutable Lithi bundles (format v1).",
+        epilog="Exit codes: 0 valid/ok, 1 invalid bundle, 2 usage error.",
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    v = sub.add_parser("verify", help="check every rule of the bundle contract")
+    v.add_argument("path", type=Path, metavar="PATH", help="bundle directory")
+    v.add_argument("--json", action="store_true", help="print one JSON object for machines")
+    v.set_defaults(run=_cmd_verify)
+
+    i = sub.add_parser("inspect", help="show identity, counts, schema and parts (no hashing)")
+    i.add_argument("path", type=Path, metavar="PATH", help="bundle directory")
+    i.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    i.set_defaults(run=_cmd_inspect)
+
+    s = sub.add_parser(
+        "stage",
+        help="stage a Parquet table as a new bundle",
+        description="Stream TABLE.parquet batch by batch into a new bundle at --out. "
+        "Result and prediction bundles must name the input snapshot they derive from; "
+        "result bundles also describe their job and need the lithi_* columns.",
+    )
+    s.add_argument("table", type=Path, metavar="TABLE.parquet")
+    s.add_argument("--id-field", required=True, help="the item id column (string, non-null)")
+    s.add_argument("--kind", required=True, choices=("input", "result", "prediction"))
+    s.add_argument("--out", required=True, type=Path, help="new bundle directory (must not exist)")
+    s.add_argument("--rows-per-part", type=int, default=DEFAULT_ROWS_PER_PART)
+    s.add_argument("--version-id", help="version id to record (default: generated, unique)")
+    s.add_argument("--json", action="store_true", help="print the identity as JSON")
+    g = s.add_argument_group("input snapshot (kind result or prediction)")
+    g.add_argument("--input-bundle", type=Path, help="verify this bundle and derive from it")
+    g.add_argument("--input-version-id", help="input version_id (with --input-sha256)")
+    g.add_argument("--input-sha256", help="input content_sha256 (with --input-version-id)")
+    g.add_argument("--credential-ref", help="registered credential reference (never a secret)")
+    j = s.add_argument_group("job (kind result)")
+    j.add_argument("--job-id")
+    j.add_argument("--attempt", type=int, default=1)
+    j.add_argument("--parent-version-id")
+    j.add_argument(
+        "--job-status",
+        choices=("SUCCEEDED", "FAILED"),
+        default="SUCCEEDED",
+        help="status when nothing is outstanding; --outstanding makes it PARTIAL",
+    )
+    j.add_argument(
+        "--outstanding",
+        type=Path,
+        metavar="IDS.parquet",
+        help="Parquet file whose id column lists items without a result (makes it PARTIAL)",
+    )
+    s.set_defaults(run=_cmd_stage)
+    return ap
+
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    root: Path = args.path
+    if not root.exists():
+        raise UsageError(f"{root}: no such directory")
+    with _progress_bar("verify", unit="B", scale=True) as bar:
+        manifest, errors, stats = check(root, progress=bar.bytes if bar else None)
+    if args.json:
+        print(json.dumps(_verify_report(root, manifest, errors, stats), indent=2))
+    elif errors:
+        print(f"INVALID {root}: {len(errors)} violation(s)")
+        for e in errors:
+            print(f"  - {type(e).__name__}: {e}")
+    else:
+        assert manifest is not None and stats is not None
+        snap = manifest.snapshot
+        print(f"VALID {root}")
+        print(f"  version_id      {snap.version_id}")
+        print(f"  content_sha256  {snap.content_sha256}")
+        print(
+            f"  {manifest.kind}, {manifest.counts.items} items in {len(manifest.parts)} part(s), "
+            f"{stats.bytes_total} bytes ({stats.bytes_hashed} hashed)"
+        )
+    return EXIT_INVALID if errors else EXIT_OK
+
+
+def _verify_report(
+    root: Path, manifest: Manifest | None, errors: list[BundleError], stats: VerifyStats | None
+) -> dict[str, Any]:
+    return {
+        "path": str(root),
+        "valid": not errors,
+        "snapshot": manifest.snapshot.model_dump() if manifest else None,
+        "kind": manifest.kind if manifest else None,
+        "errors": [{"type": type(e).__name__, "path": e.path, "message": str(e)} for e in errors],
+        "stats": vars(stats) if stats else None,
+    }
+
+
+# --- inspect --------------------------------------------------------------------------------
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    root: Path = args.path
+    if not root.exists():
+        raise UsageError(f"{root}: no such directory")
+    m = read_manifest(root)  # BundleError -> exit 1
+    if args.json:
+        print(m.to_json(), end="")
+        return EXIT_OK
+    out = sys.stdout
+    print(f"bundle          {root}  (manifest only; run `lithi-bundle verify` to check files)")
+    print(f"kind            {m.kind}")
+    print(f"version_id      {m.snapshot.version_id}")
+    print(f"content_sha256  {m.snapshot.content_sha256}")
+    print(f"created_at      {m.model_dump(mode='json')['created_at']}")
+    print(f"item_id_field   {m.item_id_field}")
+    if m.input is not None:
+        print(f"input           {m.input.version_id}  {m.input.content_sha256}")
+        if m.input.credential_ref:
+            print(f"credential_ref  {m.input.credential_ref}")
+    if m.job is not None:
+        j = m.job
+        print(f"job             {j.job_id}  {j.status}  attempt {j.attempt}")
+        if j.parent_version_id:
+            print(f"parent_version  {j.parent_version_id}")
+        if j.next_action:
+            print(f"next_action     {j.next_action.action} ({j.next_action.items} items)")
+    counts = {k: v for k, v in m.counts.model_dump().items() if v is not None}
+    print("counts          " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    print("\nschema")
+    _table(
+        out,
+        ["#", "name", "type", "nullable"],
+        [
+            [
+                str(n),
+                f.name + (" (id)" if f.name == m.item_id_field else ""),
+                f.type,
+                str(f.nullable),
+            ]
+            for n, f in enumerate(m.schema_.fields)
+        ],
+    )
+    print("\nfiles")
+    _table(
+        out,
+        ["path", "rows", "bytes", "sha256"],
+        [[f.path, str(f.rows), str(f.bytes), f.sha256] for f in m.bound_files],
+        right={1, 2},
+    )
+    return EXIT_OK
+
+
+def _table(
+    out: TextIO, headers: list[str], rows: list[list[str]], right: set[int] | None = None
+) -> None:
+    """Print a plain aligned text table (no colours: it is read in logs and piped to grep)."""
+    right = right or set()
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    print(line(headers), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for r in rows:
+        print(line(r), file=out)
+
+
+# --- stage ----------------------------------------------------------------------------------
+
+
+def _cmd_stage(args: argparse.Namespace) -> int:
+    table: Path = args.table
+    if not table.is_file():
+        raise UsageError(f"{table}: no such file")
+    if args.rows_per_part < 1:
+        raise UsageError(f"--rows-per-part must be >= 1, got {args.rows_per_part}")
+    if args.out.exists():
+        raise UsageError(f"{args.out}: already exists; a bundle is never overwritten")
+    input_ref = _input_ref(args)
+    job, outstanding = _job(args)
+    try:
+        pf = pq.ParquetFile(table)
+    except Exception as e:  # pyarrow raises several types for "not Parquet"
+        raise UsageError(f"{table}: not a readable Parquet file: {e}") from None
+    if args.id_field not in pf.schema_arrow.names:
+        raise UsageError(
+            f"{table}: no column {args.id_field!r} (columns: {', '.join(pf.schema_arrow.names)})"
+        )
+    with _progress_bar("stage", unit="rows", total=pf.metadata.num_rows) as bar:
+        try:
+            snap = stage(
+                pf.iter_batches(batch_size=ROW_GROUP_ROWS),  # streams: one batch in memory
+                args.out,
+                id_field=args.id_field,
+                kind=args.kind,
+                schema=pf.schema_arrow,
+                rows_per_part=args.rows_per_part,
+                job=job,
+                input=input_ref,
+                outstanding_ids=outstanding,
+                version_id=args.version_id,
+                on_rows=bar.rows if bar else None,
+            )
+        except (ValueError, TypeError) as e:  # not a BundleError: the table does not fit v1
+            raise UsageError(str(e)) from None
+    ident = snap.identity
+    if args.json:
+        print(json.dumps({"path": str(args.out), "snapshot": ident.model_dump()}, indent=2))
+    else:
+        m = snap.manifest
+        print(f"staged {args.out}: {m.counts.items} items in {len(m.parts)} part(s)")
+        print(f"  version_id      {ident.version_id}")
+        print(f"  content_sha256  {ident.content_sha256}")
+    return EXIT_OK
+
+
+def _input_ref(args: argparse.Namespace) -> InputRef | None:
+    given = args.input_bundle or args.input_version_id or args.input_sha256
+    if args.kind == "input":
+        if given or args.credential_ref:
+            raise UsageError("an input bundle derives from nothing: drop the --input-* flags")
+        return None
+    if args.input_bundle:
+        if args.input_version_id or args.input_sha256:
+            raise UsageError("give --input-bundle or --input-version-id/--input-sha256, not both")
+        ident = verify(args.input_bundle).identity  # derive only from something verified
+        vid, sha = ident.version_id, ident.content_sha256
+    elif args.input_version_id and args.input_sha256:
+        vid, sha = args.input_version_id, args.input_sha256
+    else:
+        raise UsageError(
+            f"a {args.kind} bundle must name its input: --input-bundle DIR, or both "
+            "--input-version-id and --input-sha256"
+        )
+    try:
+        return InputRef(version_id=vid, content_sha256=sha, credential_ref=args.credential_ref)
+    except ValueError as e:
+        raise UsageError(f"bad input snapshot: {e}") from None
+
+
+def _job(args: argparse.Namespace) -> tuple[JobInfo | None, Any]:
+    job_flags = args.job_id or args.parent_version_id or args.outstanding or args.attempt != 1
+    if args.kind != "result":
+        if job_flags or args.job_status != "SUCCEEDED":
+            raise UsageError(f"--job-* and --outstanding are only for kind result, not {args.kind}")
+        return None, None
+    if not args.job_id:
+        raise UsageError("a result bundle needs --job-id")
+    outstanding = None
+    if args.outstanding:
+        if not args.outstanding.is_file():
+            raise UsageError(f"{args.outstanding}: no such file")
+        t = pq.read_table(args.outstanding, columns=[args.id_field])  # ids only: small
+        outstanding = t.column(args.id_field).combine_chunks()
+    status = "PARTIAL" if outstanding is not None and len(outstanding) else args.job_status
+    try:
+        job = JobInfo(
+            job_id=args.job_id,
+            status=status,
+            attempt=args.attempt,
+            parent_version_id=args.parent_version_id,
+        )
+    except ValueError as e:
+        raise UsageError(f"bad job description: {e}") from None
+    return job, outstanding
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+class _Bar:
+    """Adapts the library's progress callbacks (cumulative bytes, row deltas) to tqdm."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+        self._lock = threading.Lock()  # byte progress arrives from hashing threads
+
+    def bytes(self, done: int, total: int) -> None:
+        with self._lock:
+            if self._bar.total != total:
+                self._bar.total = total
+            self._bar.update(done - self._bar.n)
+
+    def rows(self, n: int) -> None:
+        self._bar.update(n)
+
+
+@contextmanager
+def _progress_bar(desc: str, *, stream: TextIO | None = None, **kw: Any) -> Iterator[_Bar | None]:
+    """A tqdm bar on stderr when stderr is a terminal; ``None`` otherwise (logs stay clean)."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    unit_scale = kw.pop("scale", False)
+    bar = tqdm(desc=desc, file=stream, unit_scale=unit_scale, unit_divisor=1024, leave=False, **kw)
+    try:
+        yield _Bar(bar)
+    finally:
+        bar.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
