@@ -1,0 +1,247 @@
+"""The index of a verified snapshot: ordered parts, their row offsets and every item id.
+
+Built once from the manifest of a :class:`~pipeline.verify.VerifiedSnapshot` — never by listing
+a directory — so a reader can reach exactly the rows the manifest binds. Ids stay an Arrow
+string array (about 10 bytes an id plus offsets, so 10M ids fit comfortably), never Python
+objects. An index can be saved to a file and loaded back, so a run can pin what it trained on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import format as fmt
+from pipeline.digest import sha256_bytes
+from pipeline.errors import BundleError, RowCountMismatch
+from pipeline.fsutil import atomic_write_bytes
+from pipeline.manifest import Manifest, Schema
+from pipeline.verify import VerifiedSnapshot, verify
+
+INDEX_VERSION = 1
+_META_KEY = b"lithi_index"
+
+
+class NotVerified(BundleError):
+    """A reader was given something other than a verified snapshot (a path, a raw manifest)."""
+
+
+class IndexMismatch(BundleError):
+    """A saved index does not belong to the bundle it is loaded against, or was altered."""
+
+
+def require_verified(obj: object, what: str = "a reader") -> VerifiedSnapshot:
+    """Return ``obj`` if it is a :class:`VerifiedSnapshot`, else raise :class:`NotVerified`."""
+    if isinstance(obj, VerifiedSnapshot):
+        return obj
+    hint = " (a Manifest alone proves nothing about the files)" if isinstance(obj, Manifest) else ""
+    raise NotVerified(
+        f"{what} needs a VerifiedSnapshot returned by pipeline.verify.verify(path); "
+        f"found {type(obj).__name__} {obj!r:.80}{hint}. Call verify(path) first, so no "
+        "unverified or unfinished bundle is ever read",
+        path=str(obj) if isinstance(obj, (str, os.PathLike)) else None,
+    )
+
+
+def _ids_sha256(ids: pa.StringArray) -> str:
+    """Digest of the ids as a sequence: offsets rebased to zero plus the value bytes."""
+    ids = pa.concat_arrays([ids]) if ids.offset else ids  # a fresh array starts at offset 0
+    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids) + 1)
+    values = ids.buffers()[2]
+    data = b"" if values is None else values.to_pybytes()[offsets[0] : offsets[-1]]
+    return sha256_bytes((offsets - offsets[0]).astype("<i8").tobytes() + data)
+
+
+@dataclass(frozen=True, eq=False)
+class Index:
+    """Every item of one verified snapshot, in index order (parts in manifest order)."""
+
+    snapshot: VerifiedSnapshot
+    ids: pa.StringArray
+    part_offsets: np.ndarray
+
+    @classmethod
+    def from_snapshot(cls, snapshot: VerifiedSnapshot) -> Index:
+        """Build the index from a verified snapshot's manifest, reading only the id column."""
+        snapshot = require_verified(snapshot, "Index.from_snapshot")
+        m = snapshot.manifest
+        chunks: list[pa.Array] = []
+        for entry, path in zip(m.parts, snapshot.part_paths(), strict=True):
+            col = pq.read_table(path, columns=[m.item_id_field]).column(0)
+            if len(col) != entry.rows:  # the file changed after verification
+                raise RowCountMismatch(
+                    f"{path}: manifest says {entry.rows} rows, found {len(col)}; "
+                    "re-verify the bundle",
+                    path=entry.path,
+                )
+            chunks.extend(col.cast(pa.string()).chunks)
+        ids = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+        return cls(snapshot, ids, _offsets([p.rows for p in m.parts]))
+
+    # -- what the manifest declares -------------------------------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        """The manifest the index was built from."""
+        return self.snapshot.manifest
+
+    @property
+    def schema(self) -> Schema:
+        """The declared schema: the only source of column types."""
+        return self.manifest.schema_
+
+    @property
+    def id_field(self) -> str:
+        """The manifest's ``item_id_field``."""
+        return self.manifest.item_id_field
+
+    @property
+    def part_rows(self) -> list[int]:
+        """Rows per part, in manifest order."""
+        return [p.rows for p in self.manifest.parts]
+
+    @property
+    def part_paths(self) -> list[Path]:
+        """Absolute paths of the parts, in manifest order."""
+        return self.snapshot.part_paths()
+
+    @property
+    def is_result(self) -> bool:
+        """Whether batches carry the ``lithi_*`` result columns."""
+        return self.manifest.kind == "result"
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        s = self.snapshot.identity
+        return f"Index({len(self)} items in {len(self.part_rows)} parts of {s.version_id})"
+
+    # -- positions ------------------------------------------------------------------------
+    def locate(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map index positions to ``(part index, row within part)`` arrays."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= len(self)):
+            bad = pos[(pos < 0) | (pos >= len(self))][0]
+            raise IndexError(f"position {bad} is outside 0..{len(self) - 1}")
+        part = np.searchsorted(self.part_offsets, pos, side="right") - 1
+        return part, pos - self.part_offsets[part]
+
+    def resolve_columns(self, columns: Iterable[str] | None) -> list[str]:
+        """Columns a batch holds, in declared order: the requested ones plus id and lithi_*.
+
+        ``None`` means every declared column. The id field and (for result bundles) the
+        ``lithi_*`` columns are always included, so no batch loses identity or status.
+        """
+        declared = self.schema.names
+        if columns is None:
+            return list(declared)
+        wanted = set(columns)
+        unknown = sorted(wanted - set(declared))
+        if unknown:
+            raise KeyError(f"columns {unknown} are not declared (declared: {declared})")
+        wanted.add(self.id_field)
+        if self.is_result:
+            wanted.update(fmt.RESULT_COLUMNS)
+        return [c for c in declared if c in wanted]
+
+    # -- identity -------------------------------------------------------------------------
+    def _header(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "index_version": INDEX_VERSION,
+            "snapshot": m.snapshot.model_dump(),
+            "item_id_field": m.item_id_field,
+            "parts": [{"path": p.path, "sha256": p.sha256, "rows": p.rows} for p in m.parts],
+            "ids_sha256": _ids_sha256(self.ids),
+        }
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the snapshot identity, the part list and the ids: what to pin in a record."""
+        return _header_digest(self._header())
+
+    def split_digest(self, **params: Any) -> str:
+        """sha256 of this index's digest plus split parameters (world size, seed, shuffle...)."""
+        return sha256_bytes(_canon({"index_sha256": self.digest, "split": params}))
+
+    def record(self, **split_params: Any) -> dict[str, Any]:
+        """The experiment-record entry: snapshot identity, index digest, split and its digest."""
+        return {
+            "snapshot": self.snapshot.identity.model_dump(),
+            "index_sha256": self.digest,
+            "split": split_params,
+            "split_sha256": self.split_digest(**split_params),
+        }
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the index (ids plus a JSON header with its digest) atomically to ``path``."""
+        header = self._header()
+        header["index_sha256"] = _header_digest(header)
+        table = pa.table({"id": self.ids}).replace_schema_metadata(
+            {_META_KEY: json.dumps(header, sort_keys=True).encode()}
+        )
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        atomic_write_bytes(path, buf.getvalue())
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        snapshot_root: str | os.PathLike[str] | None = None,
+        *,
+        snapshot: VerifiedSnapshot | None = None,
+    ) -> Index:
+        """Load a saved index and bind it to a freshly verified bundle, refusing any mismatch.
+
+        The bundle at ``snapshot_root`` is verified in full (or ``snapshot`` is taken as already
+        verified); its identity and part list must equal the saved ones and the saved ids must
+        still hash to the saved digest, so a stale or edited index file never loads.
+        """
+        if snapshot is None:
+            if snapshot_root is None:
+                raise ValueError("Index.load needs snapshot_root= or snapshot=")
+            snapshot = verify(snapshot_root)
+        snapshot = require_verified(snapshot, "Index.load")
+        table = pq.read_table(path)
+        meta = (table.schema.metadata or {}).get(_META_KEY)
+        if meta is None:
+            raise IndexMismatch(f"{path}: not a saved index (no {_META_KEY.decode()} header)")
+        saved = json.loads(meta)
+        ids = table.column("id").combine_chunks().cast(pa.string())
+        index = cls(snapshot, ids, _offsets([p.rows for p in snapshot.manifest.parts]))
+        found = index._header()
+        for key in ("index_version", "snapshot", "item_id_field", "parts", "ids_sha256"):
+            if saved.get(key) != found[key]:
+                raise IndexMismatch(
+                    f"{path}: {key} expected {saved.get(key)!r:.200} (saved index), found "
+                    f"{found[key]!r:.200} (bundle at {snapshot.root}); rebuild the index",
+                    path=str(path),
+                )
+        if saved.get("index_sha256") != _header_digest(found):
+            raise IndexMismatch(f"{path}: index_sha256 does not match its contents")
+        return index
+
+
+def _offsets(rows: Sequence[int]) -> np.ndarray:
+    out = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(rows, dtype=np.int64), out=out[1:])
+    return out
+
+
+def _canon(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _header_digest(header: dict[str, Any]) -> str:
+    return sha256_bytes(_canon({k: v for k, v in header.items() if k != "index_sha256"}))

@@ -1,0 +1,82 @@
+"""Build the torch-native DataLoader wiring for either reader in one call.
+
+Map-style: ``DataLoader(MapDataset, batch_size=B, sampler=OwnerSampler, collate_fn=
+collate_batches)`` — torch's ``BatchSampler`` groups the sampler's positions, each index batch
+goes to one worker, and the worker's fetcher calls ``__getitems__`` once per batch. Iterable:
+``DataLoader(PartIterableDataset, batch_size=None, collate_fn=collate_batches)`` — the dataset
+batches itself, so torch must not batch again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from torch.utils.data import DataLoader
+
+from pipeline.datasets import MapDataset, OwnerSampler, PartIterableDataset, collate_batches
+from pipeline.index import Index
+
+
+def make_loader(
+    index: Index,
+    *,
+    style: Literal["map", "iterable"] = "map",
+    batch_size: int = 256,
+    num_workers: int = 2,
+    columns: Sequence[str] | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = False,
+    **loader_kwargs: Any,
+) -> DataLoader:
+    """A DataLoader over this rank's share of ``index``; call ``set_epoch`` via :func:`set_epoch`.
+
+    ``drop_last`` applies to the map-style reader only (whole batches of this rank's share);
+    it drops items by design, so reconciliation will then report them missing.
+    """
+    if style == "map":
+        ds = MapDataset(index, columns)
+        sampler = OwnerSampler(index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
+        loader_kwargs.setdefault("persistent_workers", num_workers > 0)
+        return DataLoader(
+            ds,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=collate_batches,
+            drop_last=drop_last,
+            **loader_kwargs,
+        )
+    if style == "iterable":
+        if drop_last:
+            raise ValueError("drop_last is not supported by the iterable reader")
+        ids = PartIterableDataset(
+            index,
+            batch_size=batch_size,
+            columns=columns,
+            shuffle=shuffle,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+        )
+        # workers copy the dataset when an epoch starts; persistent ones would miss set_epoch
+        loader_kwargs.setdefault("persistent_workers", False)
+        return DataLoader(
+            ids,
+            batch_size=None,
+            num_workers=num_workers,
+            collate_fn=collate_batches,
+            **loader_kwargs,
+        )
+    raise ValueError(f"style must be 'map' or 'iterable', got {style!r}")
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Tell a loader made by :func:`make_loader` which epoch's order to produce."""
+    target = loader.sampler if isinstance(loader.sampler, OwnerSampler) else loader.dataset
+    if not hasattr(target, "set_epoch"):
+        raise TypeError(f"{type(target).__name__} has no set_epoch")
+    target.set_epoch(epoch)

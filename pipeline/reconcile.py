@@ -1,0 +1,216 @@
+"""Reconcile what readers yielded with what the manifest promises, before anything is reported.
+
+Each owner (a rank's main process, typically) keeps a :class:`Tally` of every batch it yielded;
+:func:`reconcile` checks that the owners' counts sum to the manifest's items and its
+accepted/failed/abstained counts and that no id was seen twice, and returns a
+:class:`ReconcileReport`. A mismatch raises :class:`ReconcileError` naming the shortfall.
+Ids stay Arrow arrays throughout, so millions of them cost megabytes, not a Python set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch.distributed as dist
+
+from pipeline import format as fmt
+from pipeline.errors import BundleError
+from pipeline.manifest import Manifest
+
+_EXAMPLES = 5
+
+
+class ReconcileError(BundleError):
+    """What the readers yielded does not account for the manifest's items exactly once."""
+
+    def __init__(self, message: str, report: ReconcileReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class OwnerCounts:
+    """What one owner yielded: rows by status and the ids seen (as Arrow string chunks)."""
+
+    by_status: dict[str, int] = field(default_factory=dict)
+    id_chunks: list[pa.Array] = field(default_factory=list)
+    label: str = ""
+
+    @property
+    def rows(self) -> int:
+        """Rows yielded (the ids counted)."""
+        return sum(len(c) for c in self.id_chunks)
+
+    def ids(self) -> pa.ChunkedArray:
+        """Every id yielded, in order, as one chunked string array."""
+        return pa.chunked_array(self.id_chunks, type=pa.string())
+
+    def merge(self, other: OwnerCounts) -> OwnerCounts:
+        """The counts of both owners together (ids concatenated, statuses summed)."""
+        by_status = dict(self.by_status)
+        for s, n in other.by_status.items():
+            by_status[s] = by_status.get(s, 0) + n
+        label = "+".join(x for x in (self.label, other.label) if x)
+        return OwnerCounts(by_status, [*self.id_chunks, *other.id_chunks], label)
+
+    def __reduce__(self):  # pickle ids as one compact array for all_gather_object
+        ids = self.ids().combine_chunks() if self.id_chunks else pa.array([], pa.string())
+        return (OwnerCounts, (dict(self.by_status), [ids], self.label))
+
+
+class Tally:
+    """Count batches as they are yielded; call :meth:`update` before filtering a batch."""
+
+    def __init__(self, id_field: str, *, label: str = "") -> None:
+        self.id_field = id_field
+        self.counts = OwnerCounts(label=label)
+
+    def update(self, batch: dict) -> None:
+        """Add one dict batch: its ids and, for result bundles, its ``lithi_status`` values."""
+        ids = batch[self.id_field]
+        self.counts.id_chunks.append(pa.array(ids, type=pa.string()))
+        status = batch.get(fmt.STATUS_COLUMN)
+        if status is not None:
+            vc = pc.value_counts(pa.array(status, type=pa.string()))
+            for value, n in zip(
+                vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True
+            ):
+                self.counts.by_status[value] = self.counts.by_status.get(value, 0) + n
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """The figures a run reports: expected vs iterated, by status, outstanding, dup/missing."""
+
+    items_expected: int
+    items_iterated: int
+    by_status_expected: dict[str, int]
+    by_status_found: dict[str, int]
+    outstanding: int
+    duplicates: int
+    duplicate_examples: list[str]
+    missing: int | None
+    missing_examples: list[str]
+    owners: int
+
+    @property
+    def ok(self) -> bool:
+        """Whether every item was yielded exactly once and the statuses add up."""
+        return (
+            self.items_iterated == self.items_expected
+            and self.duplicates == 0
+            and not self.missing
+            and self.by_status_found == self.by_status_expected
+        )
+
+    def problems(self) -> list[str]:
+        """Each shortfall in words (empty when :attr:`ok`)."""
+        out = []
+        if self.items_iterated != self.items_expected:
+            diff = self.items_expected - self.items_iterated
+            word = "short by" if diff > 0 else "over by"
+            out.append(
+                f"items expected {self.items_expected} (manifest), iterated "
+                f"{self.items_iterated} across {self.owners} owner(s): {word} {abs(diff)}"
+            )
+        if self.duplicates:
+            out.append(
+                f"{self.duplicates} id(s) yielded more than once, e.g. {self.duplicate_examples}"
+            )
+        if self.missing:
+            out.append(f"{self.missing} id(s) never yielded, e.g. {self.missing_examples}")
+        for s in sorted(set(self.by_status_expected) | set(self.by_status_found)):
+            e, f = self.by_status_expected.get(s, 0), self.by_status_found.get(s, 0)
+            if e != f:
+                out.append(f"{s}: expected {e} (manifest), found {f}")
+        return out
+
+    def as_dict(self) -> dict:
+        """Plain data for metadata and experiment records."""
+        return {**self.__dict__, "ok": self.ok}
+
+
+def reconcile(
+    manifest: Manifest,
+    counts: Sequence[OwnerCounts],
+    *,
+    ids: pa.Array | pa.ChunkedArray | None = None,
+    raise_on_mismatch: bool = True,
+) -> ReconcileReport:
+    """Check the owners' counts against ``manifest``; raise :class:`ReconcileError` on any gap.
+
+    Pass the index's ``ids`` to also name missing ids; without them missing ones are still
+    caught through the count (every yielded id is unique and the total must match).
+    """
+    if not isinstance(manifest, Manifest):
+        raise TypeError(f"reconcile needs a Manifest, found {type(manifest).__name__}")
+    chunks = [c for oc in counts for c in oc.id_chunks]
+    seen = pa.chunked_array(chunks, type=pa.string())
+    found_status: dict[str, int] = {}
+    for oc in counts:
+        for s, n in oc.by_status.items():
+            found_status[s] = found_status.get(s, 0) + n
+    result = manifest.kind == "result"
+    expected_status = dict(manifest.counts.by_status) if result else {}
+    if result:
+        for s in fmt.STATUSES:
+            found_status.setdefault(s, 0)
+    dups, dup_examples = 0, []
+    if len(seen):
+        vc = pc.value_counts(seen)
+        mask = pc.greater(vc.field("counts"), 1)
+        dup_values = pc.filter(vc.field("values"), mask)
+        dups = len(dup_values)
+        dup_examples = dup_values.slice(0, _EXAMPLES).to_pylist()
+    missing, missing_examples = None, []
+    if ids is not None:
+        absent = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=seen.combine_chunks())))
+        missing = len(absent)
+        missing_examples = absent.slice(0, _EXAMPLES).to_pylist()
+    report = ReconcileReport(
+        items_expected=manifest.counts.items,
+        items_iterated=len(seen),
+        by_status_expected=expected_status,
+        by_status_found=found_status,
+        outstanding=manifest.counts.outstanding or 0,
+        duplicates=dups,
+        duplicate_examples=dup_examples,
+        missing=missing,
+        missing_examples=missing_examples,
+        owners=len(counts),
+    )
+    if raise_on_mismatch and not report.ok:
+        raise ReconcileError(
+            f"reconcile failed for snapshot {manifest.snapshot.version_id}: "
+            + "; ".join(report.problems()),
+            report,
+        )
+    return report
+
+
+def reconcile_distributed(
+    manifest: Manifest,
+    local_counts: OwnerCounts,
+    group: dist.ProcessGroup | None = None,
+    *,
+    ids: pa.Array | pa.ChunkedArray | None = None,
+    raise_on_mismatch: bool = True,
+) -> ReconcileReport:
+    """Gather every rank's counts (``all_gather_object``) and reconcile them on every rank.
+
+    A collective: every rank in ``group`` must call it. Each rank gets the same report (and
+    the same error), so no rank reports success while another found a gap.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return reconcile(manifest, [local_counts], ids=ids, raise_on_mismatch=raise_on_mismatch)
+    gathered: list[OwnerCounts | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, local_counts, group=group)
+    return reconcile(
+        manifest,
+        [c for c in gathered if c is not None],
+        ids=ids,
+        raise_on_mismatch=raise_on_mismatch,
+    )
