@@ -1,0 +1,138 @@
+"""What to do about a Compute job, decided as a pure function of its status, a cursor and a clock.
+
+The sensor (``pipeline.sensor``) is thin Dagster wiring around :func:`decide`; keeping the
+decision pure makes every transition (SUCCEEDED, PARTIAL with back-off, attempts exhausted,
+FAILED, newer manifest) testable without a Dagster instance, and keeps sensor ticks free of side
+effects: a decision only *asks* for work (a chain run, a resubmission run), it never does it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Policy(BaseModel):
+    """How persistent to be with a PARTIAL job, and whether incomplete data may be trained on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_attempts: int = Field(default=3, ge=1)
+    base_delay_seconds: float = Field(default=5.0, ge=0)
+    backoff: float = Field(default=2.0, ge=1)
+    train_on_partial: bool = False
+
+    def delay_before(self, attempt: int) -> float:
+        """Seconds to wait after attempt ``attempt`` turned out PARTIAL before resubmitting."""
+        return self.base_delay_seconds * self.backoff ** (attempt - 1)
+
+
+class JobCursor(BaseModel):
+    """What the sensor already did for one job; the run keys make it safe even if this is lost."""
+
+    chain_requested: list[str] = Field(default_factory=list)
+    resubmit_requested: dict[str, float] = Field(default_factory=dict)  # version -> when
+    first_seen: dict[str, float] = Field(default_factory=dict)  # version -> when
+
+
+class Cursor(BaseModel):
+    """The sensor cursor: per-job state, serialised as JSON."""
+
+    jobs: dict[str, JobCursor] = Field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Serialise for ``SensorResult(cursor=...)``."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Cursor:
+        """Parse a cursor; a missing cursor is an empty one (run keys still dedupe)."""
+        return cls.model_validate_json(text) if text else cls()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the Compute side said about a job (a plain view of ``JobStatus``)."""
+
+    job_id: str
+    state: Literal["QUEUED", "RUNNING", "SUCCEEDED", "PARTIAL", "FAILED"]
+    attempt: int
+    latest_version_id: str | None
+    outstanding: int = 0
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing the sensor should request: a chain rebuild or a resubmission, with its run key."""
+
+    kind: Literal["chain", "resubmit"]
+    job_id: str
+    version_id: str
+    attempt: int
+    allow_partial: bool = False
+
+    @property
+    def run_key(self) -> str:
+        """Unique per (what, job, version): repeated ticks and restarts never launch it twice."""
+        suffix = ":partial" if self.allow_partial else ""
+        return f"{self.kind}:{self.job_id}:{self.version_id}{suffix}"
+
+
+@dataclass
+class Decision:
+    """The actions to request and, where nothing is requested, why."""
+
+    actions: list[Action] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+
+def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) -> Decision:
+    """Decide what one job needs now, updating ``cursor`` in place with what was requested."""
+    job, v = observed.job_id, observed.latest_version_id
+    d = Decision()
+    if observed.state in ("QUEUED", "RUNNING"):
+        d.reasons.append(f"{job}: attempt {observed.attempt} is {observed.state.lower()}")
+        return d
+    if observed.state == "FAILED" or v is None:
+        d.reasons.append(
+            f"{job}: FAILED ({observed.message or 'no result bundle'}); nothing to train on"
+        )
+        return d
+    if observed.state == "SUCCEEDED":
+        if v in cursor.chain_requested:
+            d.reasons.append(f"{job}: version {v} is complete and already requested")
+        else:
+            cursor.chain_requested.append(v)
+            d.actions.append(Action("chain", job, v, observed.attempt))
+        return d
+    # PARTIAL: resubmit the outstanding items once per version, with a growing delay.
+    cursor.first_seen.setdefault(v, now)
+    if v in cursor.resubmit_requested:
+        d.reasons.append(f"{job}: resubmitted {v}; waiting for the newer manifest")
+        return d
+    if observed.attempt >= policy.max_attempts:
+        why = (
+            f"{job}: PARTIAL after {observed.attempt}/{policy.max_attempts} attempts, "
+            f"{observed.outstanding} items outstanding"
+        )
+        if not policy.train_on_partial:
+            d.reasons.append(f"{why}; not training on incomplete data (train_on_partial is off)")
+        elif v in cursor.chain_requested:
+            d.reasons.append(f"{why}; training on the accepted parts already requested")
+        else:
+            cursor.chain_requested.append(v)
+            d.actions.append(Action("chain", job, v, observed.attempt, allow_partial=True))
+        return d
+    wait = cursor.first_seen[v] + policy.delay_before(observed.attempt) - now
+    if wait > 0:
+        d.reasons.append(
+            f"{job}: PARTIAL ({observed.outstanding} outstanding); resubmitting in {wait:.0f}s "
+            f"(attempt {observed.attempt + 1}/{policy.max_attempts})"
+        )
+        return d
+    cursor.resubmit_requested[v] = now
+    d.actions.append(Action("resubmit", job, v, observed.attempt))
+    return d

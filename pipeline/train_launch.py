@@ -1,0 +1,82 @@
+"""Entry point ``torchrun`` launches for training with ``world_size > 1``, reporting through Pipes.
+
+Every rank trains on its disjoint share; only rank 0 opens the Dagster Pipes channel (one writer
+per channel), streams its log lines to the Dagster run and reports the materialization metadata.
+The other ranks log to stderr, which the Pipes subprocess client forwards to the run's logs.
+This module imports ``dagster_pipes`` (the small, dependency-free protocol package), never
+Dagster itself.
+
+    torchrun --nproc-per-node 2 -m pipeline.train_launch --bundle B --index I --config C --out D
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from pipeline.index import Index
+from pipeline.train import TrainConfig, fit, save_checkpoint
+from pipeline.verify import verify
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Initialise the process group from torchrun's environment, train, and report from rank 0."""
+    p = argparse.ArgumentParser(prog="pipeline.train_launch")
+    p.add_argument("--bundle", required=True, help="verified snapshot directory")
+    p.add_argument("--index", required=True, help="saved index file")
+    p.add_argument("--config", required=True, help="TrainConfig as JSON")
+    p.add_argument("--out", required=True, help="directory for checkpoint + outcome (rank 0)")
+    args = p.parse_args(argv)
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with contextlib.ExitStack() as stack:
+        pipes = None
+        if rank == 0:
+            from dagster_pipes import open_dagster_pipes
+
+            pipes = stack.enter_context(open_dagster_pipes())
+
+        def log(msg: str) -> None:
+            if pipes is not None:
+                pipes.log.info(msg)
+            else:
+                print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
+
+        snapshot = verify(args.bundle)
+        index = Index.load(args.index, snapshot=snapshot)
+        config = TrainConfig.model_validate_json(args.config)
+        outcome = fit(index, config, rank=rank, world_size=world, log=log)
+        if rank == 0:
+            out = Path(args.out)
+            digest = save_checkpoint(outcome, config, out / "model.pt")
+            result = {
+                "checkpoint_sha256": digest,
+                "loss_curve": outcome.loss_curve,
+                "metrics": outcome.metrics,
+                "report": outcome.report.as_dict(),
+                "spec": outcome.spec.model_dump(),
+                "world_size": world,
+            }
+            (out / "outcome.json").write_text(json.dumps(result, indent=2))
+            if pipes is not None:
+                pipes.report_asset_materialization(
+                    metadata={
+                        "world_size": world,
+                        "checkpoint_sha256": digest,
+                        "holdout_accuracy": outcome.metrics["holdout_accuracy"],
+                        "final_loss": outcome.loss_curve[-1],
+                    }
+                )
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
