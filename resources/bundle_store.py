@@ -1,0 +1,285 @@
+"""The bundle store: fetch a bundle from any fsspec location into a content-addressed local cache.
+
+A bundle is downloaded once. Its manifest is read first (no manifest, nothing else is read);
+every bound file lands in ``objects/<sha256>`` after its digest and size are checked, read-only,
+and a ledger entry records that it was hashed on arrival. A bundle is then materialised as a view
+``bundles/<version_id>/`` of hard links to those objects, so a newer version that binds parts an
+older one already had costs only its new parts in download and in hashing: :meth:`trusted` lets
+``pipeline.verify.verify`` skip files that are provably the verified objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+
+from pipeline import format as fmt
+from pipeline.digest import sha256_file
+from pipeline.errors import DigestMismatch, IncompleteBundle, SizeMismatch, UnsafePath
+from pipeline.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, rename_noreplace
+from pipeline.manifest import FileEntry, Manifest, parse_manifest
+from resources.credentials import CredentialRegistry, UnknownCredential
+
+_COPY_CHUNK = 4 * 1024 * 1024
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """A fetched bundle's local view and what fetching it cost (bound files only)."""
+
+    path: Path
+    manifest: Manifest
+    bytes_downloaded: int
+    files_downloaded: int
+    files_reused: int
+    bytes_hashed: int  # hashed on arrival (downloads, plus any cache object re-checked)
+
+
+class BundleStore:
+    """A content-addressed cache of bundles fetched from URLs or plain paths through fsspec."""
+
+    def __init__(
+        self, cache_dir: str | os.PathLike[str], credentials: CredentialRegistry | None = None
+    ):
+        self.cache_dir = Path(cache_dir).resolve()
+        self.credentials = credentials
+        self.objects_dir = self.cache_dir / "objects"
+        self.ledger_dir = self.cache_dir / "ledger"
+        self.bundles_dir = self.cache_dir / "bundles"
+        for d in (self.objects_dir, self.ledger_dir, self.bundles_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- locations ---------------------------------------------------------------------------
+
+    def _open_fs(
+        self, url: str, credential_ref: str | None
+    ) -> tuple[fsspec.AbstractFileSystem, str]:
+        options: dict = {}
+        if credential_ref is not None:
+            if self.credentials is None:
+                raise UnknownCredential(
+                    f"credential_ref {credential_ref!r} given but this bundle store has no "
+                    "credential registry"
+                )
+            options = self.credentials.storage_options_for(credential_ref, url)
+            # a cached filesystem instance would keep the secret alive beyond this download
+            options["skip_instance_cache"] = True
+        fs, root = fsspec.core.url_to_fs(url, **options)
+        return fs, root.rstrip("/") or root
+
+    def read_manifest(self, url: str, credential_ref: str | None = None) -> Manifest:
+        """Read and validate only ``result-manifest.json`` at ``url``."""
+        fs, root = self._open_fs(url, credential_ref)
+        return parse_manifest(
+            self._manifest_bytes(fs, root, url), path=_join(url, fmt.MANIFEST_NAME)
+        )
+
+    @staticmethod
+    def _manifest_bytes(fs: fsspec.AbstractFileSystem, root: str, url: str) -> bytes:
+        try:
+            return fs.cat_file(posixpath.join(root, fmt.MANIFEST_NAME))
+        except (FileNotFoundError, IsADirectoryError):
+            raise IncompleteBundle(
+                f"{_join(url, fmt.MANIFEST_NAME)}: no manifest; the bundle is not complete, "
+                "so none of its files is read",
+                path=url,
+            ) from None
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    def fetch(self, url: str, *, credential_ref: str | None = None) -> FetchResult:
+        """Download the bundle at ``url`` into the cache once and return its local view."""
+        fs, root = self._open_fs(url, credential_ref)
+        raw = self._manifest_bytes(fs, root, url)
+        manifest = parse_manifest(raw, path=_join(url, fmt.MANIFEST_NAME))
+        version = manifest.snapshot.version_id
+        if not _SAFE_NAME.match(version):
+            raise UnsafePath(
+                f"{_join(url, fmt.MANIFEST_NAME)}: version_id {version!r} is not a safe directory "
+                "name ([A-Za-z0-9][A-Za-z0-9._-]*)",
+                path=fmt.MANIFEST_NAME,
+            )
+        downloaded = reused = nbytes = hashed = 0
+        for entry in manifest.bound_files:
+            if self._have(entry):
+                reused += 1
+                continue
+            if self.object_path(entry.sha256).exists():  # present but unrecorded: check it here
+                hashed += entry.bytes
+                if self._adopt(entry):
+                    reused += 1
+                    continue
+            self._download(fs, posixpath.join(root, entry.path), entry, url)
+            downloaded += 1
+            nbytes += entry.bytes
+            hashed += entry.bytes
+        view = self._materialize(manifest, raw)
+        return FetchResult(view, manifest, nbytes, downloaded, reused, hashed)
+
+    def object_path(self, sha256: str) -> Path:
+        """Where the cache keeps the file whose content has this sha256."""
+        return self.objects_dir / sha256
+
+    def _ledger_path(self, sha256: str) -> Path:
+        return self.ledger_dir / f"{sha256}.json"
+
+    def _ledger_matches(self, sha256: str, st: os.stat_result) -> bool:
+        try:
+            rec = json.loads(self._ledger_path(sha256).read_text())
+        except (FileNotFoundError, ValueError):
+            return False
+        return rec == _ledger_record(st)
+
+    def _have(self, entry: FileEntry) -> bool:
+        try:
+            st = os.stat(self.object_path(entry.sha256))
+        except FileNotFoundError:
+            return False
+        return (
+            st.st_size == entry.bytes
+            and not st.st_mode & 0o222
+            and self._ledger_matches(entry.sha256, st)
+        )
+
+    def _adopt(self, entry: FileEntry) -> bool:
+        """Re-check an object with no valid ledger entry; keep it if its bytes are right."""
+        obj = self.object_path(entry.sha256)
+        if obj.stat().st_size == entry.bytes and sha256_file(obj) == entry.sha256:
+            os.chmod(obj, 0o444)
+            self._record(entry.sha256, obj)
+            return True
+        _remove(obj)
+        return False
+
+    def _record(self, sha256: str, obj: Path) -> None:
+        atomic_write_text(self._ledger_path(sha256), json.dumps(_ledger_record(obj.stat())) + "\n")
+
+    def _download(
+        self, fs: fsspec.AbstractFileSystem, remote: str, entry: FileEntry, url: str
+    ) -> None:
+        tmp = self.objects_dir / f".incoming-{entry.sha256[:16]}-{secrets.token_hex(6)}"
+        where = _join(url, entry.path)
+        try:
+            size = 0
+            with fs.open(remote, "rb") as src, open(tmp, "xb") as dst:
+                while chunk := src.read(_COPY_CHUNK):
+                    size += len(chunk)
+                    if size > entry.bytes:
+                        raise SizeMismatch(
+                            f"{where}: expected {entry.bytes} bytes, the download is longer",
+                            path=entry.path,
+                        )
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+            if size != entry.bytes:
+                raise SizeMismatch(
+                    f"{where}: expected {entry.bytes} bytes, downloaded {size}", path=entry.path
+                )
+            digest = sha256_file(tmp)
+            if digest != entry.sha256:
+                raise DigestMismatch(
+                    f"{where}: sha256 expected {entry.sha256} (manifest), downloaded {digest}; "
+                    "nothing was kept",
+                    path=entry.path,
+                )
+            os.chmod(tmp, 0o444)
+            obj = self.object_path(entry.sha256)
+            try:
+                rename_noreplace(tmp, obj)
+            except FileExistsError:  # another fetch won the race with the same bytes
+                _remove(tmp)
+                if not self._have(entry):
+                    self._adopt(entry)
+                return
+            fsync_dir(self.objects_dir)
+            self._record(entry.sha256, obj)
+        except BaseException:
+            _remove(tmp)
+            raise
+
+    def _materialize(self, manifest: Manifest, raw: bytes) -> Path:
+        version = manifest.snapshot.version_id
+        view = self.bundles_dir / version
+        if view.exists():
+            return self._reuse_view(view, manifest)
+        tmp = self.bundles_dir / f".{version}.view-{secrets.token_hex(6)}"
+        try:
+            (tmp / fmt.PARTS_DIR).mkdir(parents=True)
+            for entry in manifest.bound_files:
+                os.link(self.object_path(entry.sha256), tmp / entry.path)
+            atomic_write_bytes(tmp / fmt.MANIFEST_NAME, raw, replace=False)
+            os.chmod(tmp / fmt.MANIFEST_NAME, 0o444)
+            fsync_dir(tmp / fmt.PARTS_DIR)
+            try:
+                rename_noreplace(tmp, view)
+            except FileExistsError:  # another fetch materialised the same version first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return self._reuse_view(view, manifest)
+            fsync_dir(self.bundles_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return view
+
+    def _reuse_view(self, view: Path, manifest: Manifest) -> Path:
+        try:
+            existing = parse_manifest((view / fmt.MANIFEST_NAME).read_bytes())
+        except FileNotFoundError:
+            existing = None
+        if existing is None or existing.snapshot != manifest.snapshot:
+            found = existing.snapshot.content_sha256 if existing else "no manifest"
+            raise DigestMismatch(
+                f"{view}: a cached view of version {manifest.snapshot.version_id} exists with "
+                f"content_sha256 {found}, expected {manifest.snapshot.content_sha256}",
+                path=str(view),
+            )
+        return view
+
+    # -- trust -------------------------------------------------------------------------------
+
+    def trusted(self, path: str | os.PathLike[str], entry: FileEntry) -> bool:
+        """Whether ``path`` is provably the verified cache object for ``entry`` (skip hashing).
+
+        True only when ``path`` is the same inode as ``objects/<entry.sha256>``, that object is
+        read-only and the right size, and the ledger written when it was hashed on arrival still
+        describes it (size, mtime_ns, inode). A copy, a rewritten or a writable file is hashed.
+        """
+        try:
+            st = os.stat(path)
+            ost = os.stat(self.object_path(entry.sha256))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return (
+            (st.st_dev, st.st_ino) == (ost.st_dev, ost.st_ino)
+            and stat.S_ISREG(ost.st_mode)
+            and not ost.st_mode & 0o222
+            and ost.st_size == entry.bytes
+            and self._ledger_matches(entry.sha256, ost)
+        )
+
+
+def _ledger_record(st: os.stat_result) -> dict[str, int]:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.chmod(path, 0o600)
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _join(url: str, rel: str) -> str:
+    return f"{url.rstrip('/')}/{rel}"
