@@ -60,8 +60,9 @@ _SCALARS: dict[str, pa.DataType] = {
 }
 SCALAR_TYPES = tuple(_SCALARS)
 
-_LIST_RE = re.compile(r"^list<(?P<t>[^<>,]+)>$")
-_FIXED_RE = re.compile(r"^fixed_size_list<(?P<t>[^<>,]+),(?P<n>[1-9]\d*)>$")
+# The element may itself contain a comma (``timestamp[us,UTC]``); it is checked to be a scalar.
+_LIST_RE = re.compile(r"^list<(?P<t>.+)>$")
+_FIXED_RE = re.compile(r"^fixed_size_list<(?P<t>.+),(?P<n>[1-9]\d*)>$")
 
 
 class UnknownType(ValueError):

@@ -191,14 +191,35 @@ def _write_parts(
     rows_per_part: int,
     first: int,
     status_counts: dict[str, int],
-    on_rows,
+    on_rows: Callable[[int], None] | None,
 ) -> list[FileEntry]:
+    """Write the batches as parts of ``rows_per_part`` rows, in row groups of ``ROW_GROUP_ROWS``.
+
+    Rows are regrouped before writing, so the bytes (and so ``content_sha256``) depend only on
+    the content and ``rows_per_part``, never on how the caller happened to batch the stream.
+    At most one row group is buffered.
+    """
     entries: list[FileEntry] = []
     writer: pq.ParquetWriter | None = None
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
     rows_in_part = 0
 
+    def flush() -> None:
+        nonlocal writer, pending, pending_rows
+        if not pending:
+            return
+        if writer is None:
+            path = tmp / fmt.part_path(first + len(entries))
+            writer = pq.ParquetWriter(path, target, compression="snappy")
+        # One contiguous chunk: page boundaries must not follow the caller's batch boundaries.
+        group = pa.Table.from_batches(pending, schema=target).combine_chunks()
+        writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+        pending, pending_rows = [], 0
+
     def close() -> None:
-        nonlocal writer
+        nonlocal writer, rows_in_part
+        flush()
         if writer is None:
             return
         writer.close()
@@ -208,7 +229,7 @@ def _write_parts(
         entries.append(
             FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows_in_part)
         )
-        writer = None
+        writer, rows_in_part = None, 0
 
     for batch in batches:
         batch = _conform(batch, target, id_field)
@@ -216,19 +237,19 @@ def _write_parts(
             _add_statuses(batch.column(fmt.STATUS_COLUMN), status_counts)
         offset = 0
         while offset < batch.num_rows:
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    tmp / fmt.part_path(first + len(entries)), target, compression="snappy"
-                )
-                rows_in_part = 0
-            take = min(rows_per_part - rows_in_part, batch.num_rows - offset)
-            writer.write_batch(batch.slice(offset, take), row_group_size=ROW_GROUP_ROWS)
+            take = min(
+                rows_per_part - rows_in_part, ROW_GROUP_ROWS - pending_rows, batch.num_rows - offset
+            )
+            pending.append(batch.slice(offset, take))
+            pending_rows += take
             rows_in_part += take
             offset += take
             if on_rows is not None:
                 on_rows(take)
             if rows_in_part == rows_per_part:
                 close()
+            elif pending_rows == ROW_GROUP_ROWS:
+                flush()
     close()
     return entries
 

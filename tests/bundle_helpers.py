@@ -1,0 +1,106 @@
+"""Build small bundles and corrupt them precisely, so each test trips exactly one rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import format as fmt
+from pipeline.digest import content_sha256, sha256_file
+from pipeline.manifest import InputRef, JobInfo
+from pipeline.stage import stage
+from pipeline.verify import VerifiedSnapshot, check
+
+INPUT_REF = InputRef(version_id="input-v1", content_sha256="a" * 64)
+
+
+def input_table(n: int = 30, start: int = 0) -> pa.Table:
+    """A small input table: string ids, an int and a float column."""
+    ids = [f"item-{i:05d}" for i in range(start, start + n)]
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "x": pa.array(range(start, start + n), pa.int64()),
+            "y": pa.array([i / 7 for i in range(n)], pa.float32()),
+        }
+    )
+
+
+def result_table(n: int = 30) -> pa.Table:
+    """A result table: statuses cycle accepted, failed, abstained; confidence null where failed."""
+    statuses = [fmt.STATUSES[i % 3] for i in range(n)]
+    return pa.table(
+        {
+            "id": pa.array([f"item-{i:05d}" for i in range(n)], pa.string()),
+            "x": pa.array(range(n), pa.int64()),
+            fmt.STATUS_COLUMN: statuses,
+            fmt.CONFIDENCE_COLUMN: pa.array(
+                [None if s == "failed" else 0.9 for s in statuses], pa.float32()
+            ),
+            fmt.VERIFICATION_COLUMN: ["checked"] * n,
+        }
+    )
+
+
+def make_input(path: Path, n: int = 30, rows_per_part: int = 10) -> VerifiedSnapshot:
+    """Stage an input bundle of ``n`` rows in parts of ``rows_per_part``."""
+    return stage(input_table(n), path, id_field="id", kind="input", rows_per_part=rows_per_part)
+
+
+def make_result(
+    path: Path, n: int = 30, rows_per_part: int = 10, outstanding: list[str] | None = None
+) -> VerifiedSnapshot:
+    """Stage a result bundle; with ``outstanding`` ids it is PARTIAL."""
+    status = "PARTIAL" if outstanding else "SUCCEEDED"
+    return stage(
+        result_table(n),
+        path,
+        id_field="id",
+        kind="result",
+        rows_per_part=rows_per_part,
+        job=JobInfo(job_id="job-1", status=status, attempt=1),
+        input=INPUT_REF,
+        outstanding_ids=outstanding,
+    )
+
+
+def load_manifest(bundle: Path) -> dict:
+    """The manifest as plain JSON data, for editing."""
+    return json.loads((bundle / fmt.MANIFEST_NAME).read_text())
+
+
+def save_manifest(bundle: Path, data: dict) -> None:
+    """Overwrite the manifest in place (tests only: real bundles are never modified)."""
+    (bundle / fmt.MANIFEST_NAME).write_text(json.dumps(data, indent=2))
+
+
+def rebind(bundle: Path, data: dict | None = None) -> dict:
+    """Recompute every entry's sha256/bytes and content_sha256 from the files, and save.
+
+    After rewriting a file's content this makes the digests right again, so the check under
+    test is the one that fires rather than a digest mismatch.
+    """
+    data = data or load_manifest(bundle)
+    entries = [*data["parts"], *([data["outstanding"]] if data["outstanding"] else [])]
+    for e in entries:
+        p = bundle / e["path"]
+        e["sha256"] = sha256_file(p)
+        e["bytes"] = p.stat().st_size
+    data["snapshot"]["content_sha256"] = content_sha256((e["sha256"], e["path"]) for e in entries)
+    save_manifest(bundle, data)
+    return data
+
+
+def rewrite_part(bundle: Path, rel: str, table: pa.Table) -> None:
+    """Replace a bound Parquet file's content and rebind its digests in the manifest."""
+    pq.write_table(table, bundle / rel)
+    rebind(bundle)
+
+
+def error_types(bundle: Path) -> list[type]:
+    """The classes of every violation :func:`check` reports, in order."""
+    _, errors, _ = check(bundle)
+    return [type(e) for e in errors]

@@ -1,0 +1,348 @@
+"""Staging: random tables of every vocabulary type round-trip through a verified bundle."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import UTC
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from bundle_helpers import INPUT_REF, input_table, make_input, make_result, result_table
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline import format as fmt
+from pipeline.errors import BundleExists, CountMismatch, IdentifierError, StatusMismatch
+from pipeline.manifest import JobInfo, Schema
+from pipeline.stage import ReusedPart, stage
+from pipeline.verify import verify
+
+INT_RANGES = {
+    "int8": (-(2**7), 2**7 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint8": (0, 2**8 - 1),
+    "uint16": (0, 2**16 - 1),
+    "uint32": (0, 2**32 - 1),
+    "uint64": (0, 2**64 - 1),
+}
+FLOAT_WIDTHS = {"float16": 16, "float32": 32, "float64": 64}
+
+
+def scalar_values(name: str) -> st.SearchStrategy:
+    """Python values of one scalar vocabulary type."""
+    if name in INT_RANGES:
+        lo, hi = INT_RANGES[name]
+        return st.integers(lo, hi)
+    if name in FLOAT_WIDTHS:
+        # NaN is legal data but not equal to itself; the equality check below needs it out.
+        return st.floats(width=FLOAT_WIDTHS[name], allow_nan=False)
+    return {
+        "string": st.text(max_size=12),
+        "bool": st.booleans(),
+        "binary": st.binary(max_size=12),
+        "date32": st.dates(),
+        "timestamp[us,UTC]": st.datetimes(timezones=st.just(UTC)),
+    }[name]
+
+
+SCALARS = list(fmt.SCALAR_TYPES)
+ALL_TYPES = SCALARS + [f"list<{t}>" for t in SCALARS] + [f"fixed_size_list<{t},3>" for t in SCALARS]
+
+
+def type_names() -> st.SearchStrategy[str]:
+    """Any vocabulary type, list widths included."""
+    return st.one_of(
+        st.sampled_from(SCALARS),
+        st.sampled_from(SCALARS).map(lambda t: f"list<{t}>"),
+        st.tuples(st.sampled_from(SCALARS), st.integers(1, 4)).map(
+            lambda tn: f"fixed_size_list<{tn[0]},{tn[1]}>"
+        ),
+    )
+
+
+def column_values(type_name: str, nullable: bool, n: int) -> st.SearchStrategy[list]:
+    """``n`` values of one column, with nulls only where the column is nullable."""
+    dtype = fmt.to_arrow(type_name)
+    if pa.types.is_fixed_size_list(dtype):
+        elem = scalar_values(fmt.from_arrow(dtype.value_type))
+        one = st.lists(elem | st.none(), min_size=dtype.list_size, max_size=dtype.list_size)
+    elif pa.types.is_list(dtype):
+        one = st.lists(scalar_values(fmt.from_arrow(dtype.value_type)) | st.none(), max_size=4)
+    else:
+        one = scalar_values(type_name)
+    if nullable:
+        one = one | st.none()
+    return st.lists(one, min_size=n, max_size=n)
+
+
+def to_array(values: list, type_name: str) -> pa.Array:
+    """Build the Arrow array; float16 goes through numpy (Arrow has no Python half floats)."""
+    dtype = fmt.to_arrow(type_name)
+    if type_name == "float16":
+        mask = np.array([v is None for v in values], dtype=bool)
+        data = np.array([0.0 if v is None else v for v in values], dtype=np.float16)
+        return pa.array(data, type=dtype, mask=mask)
+    if pa.types.is_list(dtype) or pa.types.is_fixed_size_list(dtype):
+        if fmt.from_arrow(dtype.value_type) == "float16":
+            flat = [x for v in values if v is not None for x in v]
+            inner = to_array(flat, "float16")
+            offsets, pos = [], 0
+            for v in values:
+                offsets.append(pos)
+                pos += 0 if v is None else len(v)
+            offsets.append(pos)
+            mask = pa.array([v is None for v in values])
+            if pa.types.is_list(dtype):
+                return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
+            full = to_array([x for v in values for x in (v or [None] * dtype.list_size)], "float16")
+            return pa.FixedSizeListArray.from_arrays(full, dtype.list_size, mask=mask)
+    return pa.array(values, type=dtype)
+
+
+@st.composite
+def tables(draw) -> pa.Table:
+    """A table with a unique string id column and 1-6 columns of random vocabulary types."""
+    n = draw(st.integers(0, 40))
+    ids = draw(st.lists(st.text(min_size=1, max_size=10), min_size=n, max_size=n, unique=True))
+    fields = [pa.field("item_id", pa.string(), nullable=False)]
+    arrays = [pa.array(ids, pa.string())]
+    for i, type_name in enumerate(draw(st.lists(type_names(), min_size=1, max_size=6))):
+        nullable = draw(st.booleans())
+        values = draw(column_values(type_name, nullable, n))
+        fields.append(pa.field(f"c{i}", fmt.to_arrow(type_name), nullable=nullable))
+        arrays.append(to_array(values, type_name))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+@st.composite
+def tables_of_every_type(draw) -> pa.Table:
+    """One column of each vocabulary type (lists included), nullable ones holding some nulls."""
+    n = draw(st.integers(1, 12))
+    ids = draw(st.lists(st.text(min_size=1, max_size=8), min_size=n, max_size=n, unique=True))
+    fields = [pa.field("item_id", pa.string(), nullable=False)]
+    arrays = [pa.array(ids, pa.string())]
+    for i, type_name in enumerate(ALL_TYPES):
+        nullable = i % 2 == 0
+        values = draw(column_values(type_name, nullable, n))
+        if nullable:
+            values[0] = None  # every nullable column really holds a null
+        fields.append(pa.field(f"c{i}", fmt.to_arrow(type_name), nullable=nullable))
+        arrays.append(to_array(values, type_name))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@HYPOTHESIS
+@given(table=tables(), rows_per_part=st.integers(1, 16))
+def test_random_tables_stage_and_verify(table, rows_per_part):
+    with tempfile.TemporaryDirectory() as d:
+        snap = stage(
+            table, Path(d) / "b", id_field="item_id", kind="input", rows_per_part=rows_per_part
+        )
+        again = verify(Path(d) / "b")
+        m = again.manifest
+        assert again.identity == snap.identity
+        # The declared schema is the table's, and it maps back to the same Arrow schema.
+        assert m.schema_ == Schema.from_arrow(table.schema)
+        assert m.schema_.to_arrow() == table.schema
+        assert m.counts.items == table.num_rows
+        assert [p.rows for p in m.parts] == _split(table.num_rows, rows_per_part)
+        # Every value comes back, in order, with its exact type.
+        read = [pq.read_table(p) for p in again.part_paths()]
+        back = pa.concat_tables(read) if read else table.schema.empty_table()
+        assert back.schema == table.schema
+        assert back.equals(table)
+
+
+@settings(max_examples=20, deadline=None)
+@given(table=tables_of_every_type(), rows_per_part=st.integers(1, 5))
+def test_every_vocabulary_type_round_trips(table, rows_per_part):
+    with tempfile.TemporaryDirectory() as d:
+        snap = stage(
+            table, Path(d) / "b", id_field="item_id", kind="input", rows_per_part=rows_per_part
+        )
+        m = verify(Path(d) / "b").manifest
+        assert [f.type for f in m.schema_.fields[1:]] == ALL_TYPES
+        assert m.schema_.to_arrow() == table.schema
+        back = pa.concat_tables(pq.read_table(p) for p in snap.part_paths())
+        assert back.equals(table)
+
+
+@settings(max_examples=15, deadline=None)
+@given(table=tables())
+def test_same_content_same_digest_new_version(table):
+    with tempfile.TemporaryDirectory() as d:
+        a = stage(table, Path(d) / "a", id_field="item_id", kind="input", rows_per_part=7)
+        b = stage(table, Path(d) / "b", id_field="item_id", kind="input", rows_per_part=7)
+        assert a.identity.content_sha256 == b.identity.content_sha256
+        assert a.identity.version_id != b.identity.version_id
+
+
+def _split(n: int, k: int) -> list[int]:
+    return [k] * (n // k) + ([n % k] if n % k else [])
+
+
+def test_streamed_batches_equal_the_table(tmp_path):
+    t = input_table(100)
+    whole = stage(t, tmp_path / "a", id_field="id", kind="input", rows_per_part=30)
+    streamed = stage(
+        iter(t.to_batches(max_chunksize=7)),
+        tmp_path / "b",
+        id_field="id",
+        kind="input",
+        schema=t.schema,
+        rows_per_part=30,
+    )
+    assert streamed.identity.content_sha256 == whole.identity.content_sha256
+
+
+def test_stream_needs_a_schema(tmp_path):
+    with pytest.raises(ValueError, match="needs schema="):
+        stage(iter(input_table(3).to_batches()), tmp_path / "b", id_field="id", kind="input")
+
+
+def test_dictionary_strings_are_declared_string(tmp_path):
+    t = input_table(10)
+    t = t.append_column("tag", pa.array(["a", "b"] * 5).dictionary_encode())
+    snap = stage(t, tmp_path / "b", id_field="id", kind="input")
+    assert snap.manifest.schema_.field("tag").type == "string"
+    assert pq.read_schema(snap.part_paths()[0]).field("tag").type == pa.string()
+
+
+def test_existing_dest_is_refused_and_untouched(tmp_path):
+    first = make_input(tmp_path / "b")
+    before = {p: p.read_bytes() for p in (tmp_path / "b").rglob("*") if p.is_file()}
+    with pytest.raises(BundleExists, match="never overwritten"):
+        make_input(tmp_path / "b", n=5)
+    after = {p: p.read_bytes() for p in (tmp_path / "b").rglob("*") if p.is_file()}
+    assert after == before
+    assert verify(tmp_path / "b").identity == first.identity
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("existing", ["empty-dir", "file", "dangling-link"])
+def test_any_existing_name_is_refused(tmp_path, existing):
+    dest = tmp_path / "b"
+    if existing == "empty-dir":
+        dest.mkdir()
+    elif existing == "file":
+        dest.write_text("x")
+    else:
+        os.symlink(tmp_path / "nowhere", dest)
+    with pytest.raises(BundleExists):
+        make_input(dest)
+    assert os.path.lexists(dest) and not (tmp_path / "nowhere").exists()
+
+
+def test_failed_staging_leaves_nothing(tmp_path):
+    t = input_table(10)
+    ids = t.column("id").to_pylist()
+    ids[7] = ids[2]
+    t = t.set_column(0, "id", pa.array(ids))
+    with pytest.raises(IdentifierError, match="appear more than once"):
+        stage(t, tmp_path / "b", id_field="id", kind="input", rows_per_part=4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_null_and_non_string_ids_are_refused(tmp_path):
+    t = pa.table({"id": ["a", None, "c"]})
+    with pytest.raises(IdentifierError, match="holds 1 null"):
+        stage(t, tmp_path / "a", id_field="id", kind="input")
+    with pytest.raises(IdentifierError, match="must be a string column"):
+        stage(pa.table({"id": [1, 2]}), tmp_path / "b", id_field="id", kind="input")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_result_counts_and_partial(tmp_path):
+    snap = make_result(tmp_path / "r", n=30, outstanding=["late-1", "late-2"])
+    m = snap.manifest
+    assert (m.counts.accepted, m.counts.failed, m.counts.abstained) == (10, 10, 10)
+    assert m.counts.outstanding == 2 and m.outstanding.rows == 2
+    assert m.job.status == "PARTIAL" and m.job.next_action.items == 2
+    assert m.input == INPUT_REF
+
+
+def test_result_with_bad_status_is_refused(tmp_path):
+    t = result_table(6)
+    t = t.set_column(2, fmt.STATUS_COLUMN, pa.array(["accepted"] * 5 + ["unsure"]))
+    with pytest.raises(CountMismatch, match="'unsure'"):
+        stage(
+            t,
+            tmp_path / "r",
+            id_field="id",
+            kind="result",
+            job=JobInfo(job_id="j", status="SUCCEEDED", attempt=1),
+            input=INPUT_REF,
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_partial_status_needs_outstanding(tmp_path):
+    with pytest.raises(StatusMismatch):
+        stage(
+            result_table(6),
+            tmp_path / "r",
+            id_field="id",
+            kind="result",
+            job=JobInfo(job_id="j", status="PARTIAL", attempt=1),
+            input=INPUT_REF,
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "kw", "match"),
+    [
+        ("result", {"input": INPUT_REF}, "must describe its job"),
+        ("prediction", {}, "must name its input"),
+        ("input", {"input": INPUT_REF}, "derives from nothing"),
+        ("input", {"job": JobInfo(job_id="j", status="SUCCEEDED", attempt=1)}, "only for result"),
+    ],
+)
+def test_lineage_is_checked_before_writing(tmp_path, kind, kw, match):
+    with pytest.raises(ValueError, match=match):
+        stage(input_table(3), tmp_path / "b", id_field="id", kind=kind, **kw)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reused_parts_are_linked_not_rewritten(tmp_path):
+    old = make_result(tmp_path / "v1", n=20, rows_per_part=10, outstanding=["late-1"])
+    late = result_table(21).slice(20)  # item-00020
+    new = stage(
+        late,
+        tmp_path / "v2",
+        id_field="id",
+        kind="result",
+        job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2, parent_version_id="x"),
+        input=INPUT_REF,
+        reuse_parts=[ReusedPart(old.root, e) for e in old.manifest.parts],
+    )
+    assert [p.sha256 for p in new.manifest.parts[:2]] == [p.sha256 for p in old.manifest.parts]
+    assert os.path.samefile(old.part_paths()[0], new.part_paths()[0])
+    assert new.manifest.counts.items == 21
+    assert sum(new.manifest.counts.by_status.values()) == 21
+
+
+def test_progress_callback_counts_rows(tmp_path):
+    seen = []
+    stage(
+        input_table(50),
+        tmp_path / "b",
+        id_field="id",
+        kind="input",
+        rows_per_part=20,
+        on_rows=seen.append,
+    )
+    assert sum(seen) == 50
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".staging-" in p.name]
