@@ -119,7 +119,7 @@ class MapDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         """One row as a sample (tensors without the batch dimension, strings as ``str``)."""
-        batch = self.__getitems__([int(i)])
+        batch = to_batch(self.take([int(i)]), self.index.schema, self.columns)
         return {k: v[0] for k, v in batch.items()}
 
 
@@ -175,9 +175,6 @@ class OwnerSampler(Sampler[int]):
         return stop - start
 
 
-_warned: set[tuple[str, int, int]] = set()
-
-
 class PartIterableDataset(IterableDataset):
     """Streams the whole parts one (rank, worker) owner is assigned, a record batch at a time.
 
@@ -210,6 +207,7 @@ class PartIterableDataset(IterableDataset):
         # resolved here, in the main process: a spawned worker has no process group
         self.rank, self.world_size = process_rank(rank, world_size)
         self.epoch = 0
+        self._warned: set[tuple[int, int]] = set()
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's order; reaches workers started after the call (not persistent)."""
@@ -227,7 +225,17 @@ class PartIterableDataset(IterableDataset):
         )
 
     def __iter__(self) -> Iterator[Batch]:
-        owner = self.owner()
+        return self.iter_owner(self.owner())
+
+    def iter_owner(self, owner: Owner) -> Iterator[Batch]:
+        """Stream the batches ``owner`` yields (what a DataLoader worker running as it sees)."""
+        if (owner.rank, owner.world_size) != (self.rank, self.world_size):
+            raise ValueError(
+                f"owner {owner} is not on this dataset's rank {self.rank}/{self.world_size}"
+            )
+        return self._stream(owner)
+
+    def _stream(self, owner: Owner) -> Iterator[Batch]:
         parts = self.parts_for(owner)
         if not parts:
             self._warn_idle(owner)
@@ -273,9 +281,9 @@ class PartIterableDataset(IterableDataset):
             f"{n_parts} part(s) for {owner.count} owners, so it yields nothing. Use fewer "
             "workers, more parts (stage with a smaller rows_per_part), or MapDataset"
         )
-        key = (self.index.snapshot.identity.content_sha256, owner.index, owner.count)
-        if key not in _warned:
-            _warned.add(key)
+        key = (owner.index, owner.count)
+        if key not in self._warned:  # once per dataset copy: per process, per epoch's workers
+            self._warned.add(key)
             log.warning(msg)
             warnings.warn(msg, IdleOwnerWarning, stacklevel=2)
 

@@ -1,0 +1,267 @@
+"""Map-style and iterable readers: exactly-once, ids and types intact, refusals loud."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reader_fixtures import make_bundle
+from torch.utils.data import BatchSampler, DataLoader
+
+from pipeline import format as fmt
+from pipeline.datasets import (
+    IdleOwnerWarning,
+    MapDataset,
+    OwnerSampler,
+    PartIterableDataset,
+    accepted_only,
+    collate_batches,
+    confidence_weights,
+)
+from pipeline.errors import IncompleteBundle
+from pipeline.index import Index, NotVerified
+from pipeline.loader import make_loader, set_epoch
+from pipeline.owner import Owner
+from pipeline.verify import verify
+
+SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Index:
+    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("ds"), SIZES))
+
+
+@pytest.fixture(scope="module")
+def all_ids(index) -> list[str]:
+    return index.ids.to_pylist()
+
+
+def _map_ids(index, world, workers, batch, seed, epoch, shuffle=True) -> list[str]:
+    ds = MapDataset(index, columns=["label"])
+    out: list[str] = []
+    for r in range(world):
+        sampler = OwnerSampler(index, rank=r, world_size=world, shuffle=shuffle, seed=seed)
+        sampler.set_epoch(epoch)
+        per_worker: list[list[str]] = [[] for _ in range(max(workers, 1))]
+        for i, b in enumerate(BatchSampler(sampler, batch, drop_last=False)):
+            per_worker[i % max(workers, 1)].extend(ds.__getitems__(b)["item_id"])
+        out.extend(x for w in per_worker for x in w)
+    return out
+
+
+def _iter_ids(index, world, workers, batch, seed, epoch, shuffle) -> tuple[list[str], list]:
+    out: list[str] = []
+    sizes = []
+    for r in range(world):
+        ds = PartIterableDataset(
+            index, batch_size=batch, shuffle=shuffle, seed=seed, rank=r, world_size=world
+        )
+        ds.set_epoch(epoch)
+        for w in range(max(workers, 1)):
+            owner = Owner(r, world, w, workers)
+            batches = list(ds.iter_owner(owner))
+            sizes.append([len(b["item_id"]) for b in batches])
+            got = [x for b in batches for x in b["item_id"]]
+            # whole parts: an owner's ids are exactly the union of its parts' ids
+            want = sorted(
+                x
+                for p in ds.parts_for(owner)
+                for x in index.ids[index.part_offsets[p] : index.part_offsets[p + 1]].to_pylist()
+            )
+            assert sorted(got) == want
+            out.extend(got)
+    return out, sizes
+
+
+combos = dict(
+    world=st.integers(1, 6),
+    workers=st.integers(0, 4),
+    batch=st.integers(1, 300),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 50),
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(**combos)
+def test_map_style_exactly_once_over_owners(index, all_ids, world, workers, batch, seed, epoch):
+    got = _map_ids(index, world, workers, batch, seed, epoch)
+    assert len(got) == len(all_ids)
+    assert sorted(got) == sorted(all_ids)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(**combos, shuffle=st.booleans())
+def test_iterable_whole_parts_exactly_once(
+    index, all_ids, world, workers, batch, seed, epoch, shuffle
+):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IdleOwnerWarning)  # 7 parts, up to 24 owners
+        got, sizes = _iter_ids(index, world, workers, batch, seed, epoch, shuffle)
+    assert len(got) == len(all_ids)
+    assert sorted(got) == sorted(all_ids)
+    for s in sizes:  # every batch is full except an owner's last
+        assert all(n == batch for n in s[:-1]) and (not s or 1 <= s[-1] <= batch)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("style", ["map", "iterable"])
+@pytest.mark.parametrize("world,workers", [(2, 2), (3, 3)])
+def test_real_dataloader_workers_exactly_once(index, all_ids, style, world, workers):
+    got: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IdleOwnerWarning)
+        for r in range(world):
+            loader = make_loader(
+                index,
+                style=style,
+                batch_size=32,
+                num_workers=workers,
+                rank=r,
+                world_size=world,
+                seed=11,
+                shuffle=True,
+                persistent_workers=False,
+                multiprocessing_context="fork",
+            )
+            set_epoch(loader, 3)
+            for b in loader:
+                assert isinstance(b["item_id"], list)
+                got.extend(b["item_id"])
+    assert len(got) == len(all_ids) and sorted(got) == sorted(all_ids)
+
+
+def test_shuffle_orders_but_never_changes_the_share(index):
+    def epoch_ids(epoch, rank, seed=5):
+        s = OwnerSampler(index, rank=rank, world_size=2, shuffle=True, seed=seed)
+        s.set_epoch(epoch)
+        return list(s)
+
+    a, b = epoch_ids(0, 0), epoch_ids(1, 0)
+    assert a != b and sorted(a) == sorted(b)
+    # two ranks with the same seed still read disjoint items
+    assert not set(epoch_ids(0, 0)) & set(epoch_ids(0, 1))
+    assert len(OwnerSampler(index, rank=0, world_size=2)) == 504
+    assert len(OwnerSampler(index, rank=1, world_size=2)) == 505
+
+
+def test_ids_stay_strings_with_leading_zeros(index):
+    ds = MapDataset(index)
+    batch = ds.__getitems__([0, 5, 42, 1008])
+    assert batch["item_id"] == ["00000", "00005", "00042", "01008"]
+    assert all(type(x) is str for x in batch["item_id"])
+    assert ds[42]["item_id"] == "00042"
+    it = next(iter(PartIterableDataset(index, batch_size=4)))
+    assert it["item_id"] == ["00000", "00001", "00002", "00003"]
+
+
+def test_getitems_keeps_the_requested_order_across_parts(index):
+    ds = MapDataset(index)
+    pos = [1008, 0, 500, 1, 999, 302]
+    batch = ds.__getitems__(pos)
+    assert batch["item_id"] == [f"{p:05d}" for p in pos]
+    # feature rows follow their ids: x[k] = 10 * id + k
+    want = torch.tensor([[10.0 * p + k for k in range(4)] for p in pos])
+    assert torch.equal(batch["x"], want)
+    assert batch["label"].tolist() == [p % 7 for p in pos]
+
+
+def test_batches_have_declared_dtypes_and_lithi_columns_always(index):
+    ds = MapDataset(index, columns=["x"])
+    assert ds.columns == ["item_id", "x", *fmt.RESULT_COLUMNS]
+    b = ds.__getitems__(list(range(8)))
+    assert b["x"].dtype == torch.float32 and b["x"].shape == (8, 4)
+    assert isinstance(b["lithi_status"], list) and isinstance(b["lithi_verification"], list)
+    assert b["lithi_confidence"].dtype == torch.float32
+    assert "label" not in b
+    it = next(iter(PartIterableDataset(index, batch_size=8, columns=["label"])))
+    assert set(it) >= {"item_id", "label", *fmt.RESULT_COLUMNS} and "x" not in it
+    assert it["label"].dtype == torch.int64
+
+
+def test_failed_rows_have_null_confidence_as_nan_and_zero_weight(index):
+    b = MapDataset(index).__getitems__(list(range(12)))
+    failed = [i for i, s in enumerate(b["lithi_status"]) if s == "failed"]
+    assert failed and all(torch.isnan(b["lithi_confidence"][i]) for i in failed)
+    assert not b["lithi_confidence__valid"][failed].any()
+    w = confidence_weights(b)
+    assert w.dtype == torch.float32 and (w[failed] == 0).all()
+    ok = [i for i in range(12) if i not in failed]
+    assert torch.equal(w[ok], b["lithi_confidence"][ok])
+
+
+def test_accepted_only_filters_every_column_alike(index):
+    b = MapDataset(index).__getitems__(list(range(20)))
+    a = accepted_only(b)
+    assert set(a["lithi_status"]) == {"accepted"}
+    assert len(a["item_id"]) == a["x"].shape[0] == a["label"].shape[0] == 10
+    for i, id_ in enumerate(a["item_id"]):
+        assert a["x"][i, 0].item() == 10 * int(id_)
+
+
+def test_collate_batches_passes_batches_and_stacks_rows(index):
+    ds = MapDataset(index)
+    built = ds.__getitems__([1, 2])
+    assert collate_batches(built) is built
+    rows = collate_batches([ds[1], ds[2]])
+    assert rows["item_id"] == ["00001", "00002"]
+    assert torch.equal(rows["x"], built["x"]) and rows["label"].tolist() == [1, 2]
+    with pytest.raises(TypeError):
+        collate_batches([1, 2])
+
+
+def test_per_row_loader_without_getitems_matches(index):
+    class PerRow(MapDataset):
+        __getitems__ = None  # torch's fetcher then calls __getitem__ once per row
+
+    ds = PerRow(index)
+    loader = DataLoader(ds, batch_size=5, collate_fn=collate_batches)
+    first = next(iter(loader))
+    assert first["item_id"] == ["00000", "00001", "00002", "00003", "00004"]
+    assert first["x"].shape == (5, 4)
+
+
+def test_idle_owner_warns_naming_the_numbers(index):
+    ds = PartIterableDataset(index, batch_size=10, rank=0, world_size=1)
+    with pytest.warns(IdleOwnerWarning, match=r"7 part\(s\) for 9 owners"):
+        assert list(ds.iter_owner(Owner(0, 1, 8, 9))) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IdleOwnerWarning)
+        assert list(ds.iter_owner(Owner(0, 1, 8, 9))) == []  # said once, not every time
+
+
+def test_readers_refuse_unverified_inputs(index, tmp_path):
+    root = index.snapshot.root
+    for bad in (root, str(root), index.manifest):
+        with pytest.raises(NotVerified, match="VerifiedSnapshot"):
+            MapDataset(bad)
+        with pytest.raises(NotVerified, match="verify"):
+            PartIterableDataset(bad, batch_size=4)
+        with pytest.raises(NotVerified):
+            Index.from_snapshot(bad)
+    with pytest.raises(NotVerified, match="Manifest alone"):
+        Index.from_snapshot(index.manifest)
+
+
+def test_bundle_without_manifest_cannot_be_read(tmp_path):
+    snap = make_bundle(tmp_path, [3, 4])
+    (snap.root / fmt.MANIFEST_NAME).unlink()
+    with pytest.raises(IncompleteBundle, match="no result-manifest.json"):
+        verify(snap.root)
+    with pytest.raises(NotVerified):
+        MapDataset(snap.root)
+
+
+def test_a_verified_snapshot_is_accepted_directly(index):
+    ds = MapDataset(index.snapshot)
+    assert len(ds) == 1009
+    assert np.array_equal(ds.index.part_offsets, index.part_offsets)

@@ -1,0 +1,104 @@
+"""The index: built from the manifest, located by offsets, pinned by a digest, saved safely."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from reader_fixtures import make_bundle
+
+from pipeline.index import Index, IndexMismatch, NotVerified
+from pipeline.verify import verify
+
+SIZES = [3, 1, 5, 2]
+
+
+@pytest.fixture(scope="module")
+def snap(tmp_path_factory):
+    return make_bundle(tmp_path_factory.mktemp("ix"), SIZES)
+
+
+def test_from_snapshot_follows_the_manifest(snap):
+    ix = Index.from_snapshot(snap)
+    assert len(ix) == 11
+    assert ix.part_rows == SIZES
+    assert ix.part_offsets.tolist() == [0, 3, 4, 9, 11]
+    assert ix.part_paths == snap.part_paths()
+    assert ix.id_field == "item_id" and ix.schema == snap.manifest.schema_
+    assert isinstance(ix.ids, pa.StringArray)
+    assert ix.ids.to_pylist() == [f"{i:05d}" for i in range(11)]
+
+
+def test_locate_maps_positions_to_part_and_row(snap):
+    ix = Index.from_snapshot(snap)
+    part, row = ix.locate([0, 2, 3, 4, 8, 9, 10])
+    assert part.tolist() == [0, 0, 1, 2, 2, 3, 3]
+    assert row.tolist() == [0, 2, 0, 0, 4, 0, 1]
+    with pytest.raises(IndexError, match="outside 0..10"):
+        ix.locate([11])
+    with pytest.raises(IndexError):
+        ix.locate(np.array([-1]))
+
+
+def test_digest_is_stable_and_names_the_bundle(snap, tmp_path):
+    a, b = Index.from_snapshot(snap), Index.from_snapshot(verify(snap.root))
+    assert a.digest == b.digest and len(a.digest) == 64
+    other = Index.from_snapshot(make_bundle(tmp_path, SIZES))  # same rows, new version
+    assert other.digest != a.digest
+    assert a.split_digest(world_size=2, seed=0) != a.split_digest(world_size=3, seed=0)
+    rec = a.record(world_size=2, seed=0, shuffle=True)
+    assert rec["snapshot"] == snap.identity.model_dump() and rec["index_sha256"] == a.digest
+
+
+def test_save_and_load_round_trip(snap, tmp_path):
+    ix = Index.from_snapshot(snap)
+    ix.save(tmp_path / "index.parquet")
+    back = Index.load(tmp_path / "index.parquet", snap.root)
+    assert back.digest == ix.digest and back.ids.equals(ix.ids)
+    assert Index.load(tmp_path / "index.parquet", snapshot=snap).digest == ix.digest
+    assert [p.name for p in tmp_path.iterdir()] == ["index.parquet"]  # no temp file left
+
+
+def test_load_refuses_another_bundle(snap, tmp_path):
+    Index.from_snapshot(snap).save(tmp_path / "index.parquet")
+    other = make_bundle(tmp_path / "o", SIZES)
+    with pytest.raises(IndexMismatch, match="snapshot expected"):
+        Index.load(tmp_path / "index.parquet", other.root)
+
+
+def test_load_refuses_an_edited_index(snap, tmp_path):
+    path = tmp_path / "index.parquet"
+    Index.from_snapshot(snap).save(path)
+    t = pq.read_table(path)
+    ids = t.column("id").to_pylist()
+    ids[0], ids[1] = ids[1], ids[0]
+    pq.write_table(pa.table({"id": ids}).replace_schema_metadata(t.schema.metadata), path)
+    with pytest.raises(IndexMismatch, match="ids_sha256"):
+        Index.load(path, snap.root)
+    pq.write_table(pa.table({"id": ids}), path)
+    with pytest.raises(IndexMismatch, match="not a saved index"):
+        Index.load(path, snap.root)
+
+
+def test_load_reverifies_the_bundle(snap, tmp_path):
+    from pipeline.errors import IncompleteBundle
+
+    with pytest.raises(IncompleteBundle):
+        Index.load(tmp_path / "index.parquet", tmp_path / "nothing-here")
+    with pytest.raises(NotVerified):
+        Index.load(tmp_path / "index.parquet", snapshot=snap.manifest)
+
+
+def test_resolve_columns_always_keeps_id_and_result_columns(snap):
+    ix = Index.from_snapshot(snap)
+    assert ix.resolve_columns(["x"]) == [
+        "item_id",
+        "x",
+        "lithi_status",
+        "lithi_confidence",
+        "lithi_verification",
+    ]
+    assert ix.resolve_columns(None) == snap.manifest.schema_.names
+    with pytest.raises(KeyError, match="nope"):
+        ix.resolve_columns(["nope"])

@@ -1,0 +1,110 @@
+"""Reconciliation: owners' counts must sum to the manifest's, every id exactly once."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pytest
+import torch.distributed as dist
+from reader_fixtures import make_bundle
+from torch.utils.data import BatchSampler
+
+from pipeline.datasets import MapDataset, OwnerSampler, accepted_only
+from pipeline.errors import BundleError
+from pipeline.index import Index
+from pipeline.reconcile import (
+    OwnerCounts,
+    ReconcileError,
+    Tally,
+    reconcile,
+    reconcile_distributed,
+)
+
+SIZES = [7, 3, 10]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Index:
+    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("rc"), SIZES))
+
+
+def _tallies(index, world, positions_fn=None) -> list[OwnerCounts]:
+    ds = MapDataset(index)
+    out = []
+    for r in range(world):
+        tally = Tally(index.id_field, label=f"rank{r}")
+        sampler = OwnerSampler(index, rank=r, world_size=world, seed=1)
+        for b in BatchSampler(sampler, 4, drop_last=False):
+            batch = ds.__getitems__(positions_fn(b) if positions_fn else b)
+            tally.update(batch)
+            accepted_only(batch)  # filtering after counting leaves the tally whole
+        out.append(tally.counts)
+    return out
+
+
+def test_complete_iteration_reconciles(index):
+    report = reconcile(index.manifest, _tallies(index, 3), ids=index.ids)
+    assert report.ok and report.problems() == []
+    assert report.items_expected == report.items_iterated == 20
+    assert report.by_status_found == report.by_status_expected == index.manifest.counts.by_status
+    assert report.by_status_found == {"accepted": 10, "failed": 5, "abstained": 5}
+    assert report.duplicates == 0 and report.missing == 0 and report.owners == 3
+    assert report.as_dict()["ok"] is True
+
+
+def test_a_duplicate_is_an_error_naming_it(index):
+    counts = _tallies(index, 2)
+    counts[1] = counts[1].merge(counts[0].__class__(counts[0].by_status, counts[0].id_chunks[:1]))
+    with pytest.raises(ReconcileError, match="more than once") as e:
+        reconcile(index.manifest, counts)
+    assert isinstance(e.value, BundleError)
+    assert e.value.report.duplicates == 4 and "over by 4" in str(e.value)
+
+
+def test_a_missing_rank_is_a_shortfall(index):
+    counts = _tallies(index, 2)[:1]
+    with pytest.raises(ReconcileError, match="short by 10") as e:
+        reconcile(index.manifest, counts, ids=index.ids)
+    assert e.value.report.missing == 10 and len(e.value.report.missing_examples) == 5
+    report = reconcile(index.manifest, counts, raise_on_mismatch=False)
+    assert not report.ok and report.missing is None
+
+
+def test_status_counts_must_match_too(index):
+    counts = _tallies(index, 1)
+    counts[0].by_status["accepted"] -= 1
+    counts[0].by_status["failed"] += 1
+    with pytest.raises(ReconcileError, match="accepted: expected 10"):
+        reconcile(index.manifest, counts)
+
+
+def test_swapped_ids_with_right_totals_are_caught(index):
+    # the same position twice and one never: totals match, ids do not
+    counts = _tallies(index, 1, positions_fn=lambda b: [b[0]] * len(b))
+    with pytest.raises(ReconcileError, match="more than once"):
+        reconcile(index.manifest, counts)
+
+
+def test_owner_counts_pickle_compactly_and_merge(index):
+    counts = _tallies(index, 2)
+    back = pickle.loads(pickle.dumps(counts[0]))
+    assert back.ids().to_pylist() == counts[0].ids().to_pylist()
+    assert len(back.id_chunks) == 1 and back.by_status == counts[0].by_status
+    merged = counts[0].merge(counts[1])
+    assert merged.rows == 20 and sum(merged.by_status.values()) == 20
+    assert merged.ids().type == pa.string()
+
+
+def test_reconcile_distributed_single_rank_group(index, tmp_path):
+    counts = _tallies(index, 1)[0]
+    assert reconcile_distributed(index.manifest, counts).ok  # no group: local reconcile
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        assert reconcile_distributed(index.manifest, counts).ok
+        with pytest.raises(ReconcileError):
+            reconcile_distributed(index.manifest, OwnerCounts())
+    finally:
+        dist.destroy_process_group()
