@@ -1,0 +1,27 @@
+"""The chain's assets, one module per link: each calls the reader core and returns metadata."""
+
+from assets.disjoint_index import disjoint_index
+from assets.output_bundle import output_bundle
+from assets.prediction_table import prediction_table
+from assets.result_manifest import result_manifest
+from assets.training_run import training_run
+from assets.verified_snapshot import verified_snapshot
+
+CHAIN_ASSETS = [
+    result_manifest,
+    verified_snapshot,
+    disjoint_index,
+    training_run,
+    prediction_table,
+    output_bundle,
+]
+
+__all__ = [
+    "CHAIN_ASSETS",
+    "disjoint_index",
+    "output_bundle",
+    "prediction_table",
+    "result_manifest",
+    "training_run",
+    "verified_snapshot",
+]

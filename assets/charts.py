@@ -1,0 +1,44 @@
+"""Pictures for the UI: a loss curve as an SVG file and as a Markdown bar chart.
+
+The SVG is written beside the checkpoint (linked from the metadata); the Markdown chart renders
+inline on the asset page, so the curve is seen at a glance without opening a file.
+"""
+
+from pathlib import Path
+
+
+def loss_markdown(curve: list[float], title: str = "Training loss by epoch") -> str:
+    """A Markdown table with one bar per epoch, scaled to the largest loss."""
+    top = max(curve) if curve else 1.0
+    rows = [f"**{title}**", "", "| epoch | loss | |", "|---:|---:|:---|"]
+    for i, v in enumerate(curve, 1):
+        bar = "█" * max(1, round(30 * v / top)) if top > 0 else ""
+        rows.append(f"| {i} | {v:.4f} | `{bar}` |")
+    return "\n".join(rows)
+
+
+def loss_svg(curve: list[float], path: Path, *, width: int = 480, height: int = 240) -> Path:
+    """Write the loss curve as a small standalone SVG line chart and return its path."""
+    pad = 36
+    top = max(curve) if curve else 1.0
+    n = max(len(curve) - 1, 1)
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        x = pad + (width - 2 * pad) * i / n
+        y = height - pad - (height - 2 * pad) * (v / top if top else 0)
+        return x, y
+
+    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in enumerate(curve)))
+    svg = f"""<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{pad}" y="20" font-family="sans-serif" font-size="13">training loss by epoch</text>
+<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>
+<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>
+<text x="4" y="{pad + 4}" font-family="sans-serif" font-size="10">{top:.3f}</text>
+<text x="{width - pad}" y="{height - pad + 14}" font-family="sans-serif"
+ font-size="10">{len(curve)}</text>
+<polyline fill="none" stroke="#4f46e5" stroke-width="2" points="{points}"/>
+</svg>
+"""
+    path.write_text(svg)
+    return path

@@ -1,0 +1,49 @@
+"""Metadata a person reads in the Dagster UI, built the same way for every asset of the chain."""
+
+import dagster as dg
+
+from pipeline.manifest import Manifest, Schema, SnapshotId
+
+
+def identity(prefix: str, snap: SnapshotId) -> dict[str, dg.MetadataValue]:
+    """``<prefix>/version_id`` and ``<prefix>/content_sha256`` for one bundle identity."""
+    return {
+        f"{prefix}/version_id": dg.MetadataValue.text(snap.version_id),
+        f"{prefix}/content_sha256": dg.MetadataValue.text(snap.content_sha256),
+    }
+
+
+def column_schema(schema: Schema, id_field: str) -> dg.TableSchema:
+    """The declared schema as Dagster's ``dagster/column_schema``."""
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=f.name,
+                type=f.type,
+                description="item id" if f.name == id_field else None,
+                constraints=dg.TableColumnConstraints(nullable=f.nullable),
+            )
+            for f in schema.fields
+        ]
+    )
+
+
+def counts(manifest: Manifest) -> dict[str, dg.MetadataValue]:
+    """Item counts by status, as numbers Dagster can plot across materializations."""
+    c = manifest.counts
+    out = {
+        "dagster/row_count": dg.MetadataValue.int(c.items),
+        "items": dg.MetadataValue.int(c.items),
+    }
+    for name in ("accepted", "failed", "abstained", "outstanding"):
+        value = getattr(c, name)
+        if value is not None:
+            out[name] = dg.MetadataValue.int(value)
+    return out
+
+
+def markdown_table(header: list[str], rows: list[list[object]]) -> dg.MetadataValue:
+    """A small Markdown table (parts, per-owner sizes, epochs)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return dg.MetadataValue.md("\n".join(lines))

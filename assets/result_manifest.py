@@ -1,0 +1,76 @@
+"""``result_manifest``: the latest complete manifest of the configured Compute job."""
+
+import dagster as dg
+
+from assets import metadata as md
+from assets.refs import ManifestRef
+from pipeline.jobs import CHAIN_GROUP
+from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.settings import ChainSettings
+
+
+class ResultManifestConfig(dg.Config):
+    """Which result to read; empty values mean the configured job's latest version."""
+
+    job_id: str = ""
+    version_id: str = ""
+    allow_partial: bool = False
+
+
+@dg.asset(
+    group_name=CHAIN_GROUP,
+    kinds={"python", "json"},
+    code_version="1",
+    description="The Compute job's result-manifest.json, read first: it binds every file, count "
+    "and schema of the bundle. A PARTIAL result is refused unless allow_partial is set.",
+)
+def result_manifest(
+    context: dg.AssetExecutionContext,
+    config: ResultManifestConfig,
+    compute: ComputeResource,
+    bundle_store: BundleStoreResource,
+    chain_settings: ChainSettings,
+) -> dg.Output[ManifestRef]:
+    """Read and validate the manifest of one result version (the latest unless pinned)."""
+    client = compute.client()
+    job_id = config.job_id or chain_settings.job_id
+    status = client.status(job_id)
+    version = config.version_id or status.latest_version_id
+    if version is None:
+        raise dg.Failure(f"Compute job {job_id} has published no result yet ({status.state})")
+    url = client.manifest_url(job_id, version)
+    cred = chain_settings.credential_ref or None
+    manifest = bundle_store.store().read_manifest(url, credential_ref=cred)
+    if manifest.is_partial and not config.allow_partial:
+        raise dg.Failure(
+            f"{job_id} version {version} is PARTIAL with {manifest.counts.outstanding} items "
+            "outstanding; the sensor resubmits them. Set allow_partial to train on the accepted "
+            "parts anyway.",
+            metadata={"outstanding": manifest.counts.outstanding},
+        )
+    job = manifest.job
+    meta = {
+        **md.identity("snapshot", manifest.snapshot),
+        **md.counts(manifest),
+        "dagster/column_schema": md.column_schema(manifest.schema_, manifest.item_id_field),
+        "job_id": job_id,
+        "job_status": job.status if job else "n/a",
+        "attempt": job.attempt if job else 0,
+        "parent_version_id": (job.parent_version_id if job else None) or "",
+        "manifest_url": dg.MetadataValue.url(url) if "://" in url else dg.MetadataValue.path(url),
+        "item_id_field": manifest.item_id_field,
+        "parts": md.markdown_table(
+            ["path", "rows", "bytes", "sha256"],
+            [[p.path, p.rows, p.bytes, p.sha256[:16] + "…"] for p in manifest.parts],
+        ),
+    }
+    if manifest.input is not None:
+        meta.update(md.identity("input", manifest.input.snapshot))
+    context.log.info(
+        f"{job_id} version {version}: {manifest.counts.items} items, {meta['job_status']}"
+    )
+    return dg.Output(
+        ManifestRef(url=url, manifest=manifest, credential_ref=cred),
+        metadata=meta,
+        data_version=dg.DataVersion(manifest.snapshot.content_sha256),
+    )

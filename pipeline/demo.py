@@ -1,0 +1,273 @@
+"""The main job end to end: a Compute job that goes PARTIAL, carried by the real daemon to a chain.
+
+``make demo`` runs this. It stages scikit-learn's handwritten digits (shipped inside the package,
+no download) as an input bundle, submits it to the local Compute with 30% of the items lost to a
+simulated worker crash, then starts the real ``dagster-daemon`` on the repo's SQLite instance and
+waits while the real sensor resubmits the outstanding items and, once the newer manifest lands,
+materializes the whole chain. It ends with a summary and exits non-zero if anything failed or did
+not reconcile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import dagster as dg
+
+from pipeline.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME
+from pipeline.records import read_record
+from resources import samples
+from resources.compute.client import JobSpec
+from resources.compute.faults import FaultSpec
+from resources.compute.local import LocalCompute
+from resources.settings import REPO_ROOT, lithi_home
+
+FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+def submit_sample_job(
+    sample: str, home: Path, faults: FaultSpec, *, job_id: str | None = None
+) -> tuple[str, LocalCompute]:
+    """Stage a sample's input and reference bundles and submit a labelling job over them."""
+    inp, ref = samples.stage_sample(sample, home / "inputs")
+    compute = LocalCompute(home / "compute")
+    job_id = job_id or f"{sample}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    compute.submit(
+        JobSpec(
+            input_url=str(inp.root),
+            reference_url=str(ref.root),
+            job_id=job_id,
+            idempotency_key=job_id,
+            faults=faults,
+        )
+    )
+    return job_id, compute
+
+
+@dataclass
+class Watch:
+    """What the demo saw while the daemon worked."""
+
+    runs: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> job, ver, status
+    lines: list[str] = field(default_factory=list)
+
+
+def _say(t0: float, msg: str) -> None:
+    print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
+
+
+def start_daemon(env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start the real ``dagster-daemon`` (sensor, run queue) over ``workspace.yaml``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).parent / "dagster-daemon"
+    cmd = [str(exe), "run", "-w", str(REPO_ROOT / "workspace.yaml")]
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed with it
+    return subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    """Stop the daemon and everything it started (its code server, run workers)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for_chain(
+    instance: dg.DagsterInstance,
+    compute: LocalCompute,
+    job_id: str,
+    *,
+    daemon: subprocess.Popen,
+    timeout: float,
+    expect_complete: bool = True,
+) -> dg.DagsterRun | None:
+    """Poll until a chain run for the job's latest version finishes; print what happens."""
+    t0 = time.monotonic()
+    seen: dict[str, dg.DagsterRunStatus] = {}
+    last_state = None
+    while time.monotonic() - t0 < timeout:
+        if daemon.poll() is not None:
+            raise RuntimeError(f"dagster-daemon exited with {daemon.returncode}; see its log")
+        try:
+            status = compute.status(job_id)
+        except Exception as e:  # a transient Compute error is shown, not fatal
+            _say(t0, f"Compute status unavailable: {e}")
+            time.sleep(1)
+            continue
+        state = (status.state, status.attempt, status.latest_version_id)
+        if state != last_state:
+            last_state = state
+            _say(
+                t0,
+                f"Compute {job_id}: {status.state}, attempt {status.attempt}, "
+                f"{status.outstanding} outstanding, latest version {status.latest_version_id}",
+            )
+        runs = instance.get_runs(filters=dg.RunsFilter(tags={"lithi/job_id": job_id}))
+        for run in sorted(runs, key=lambda r: r.run_id):
+            if seen.get(run.run_id) != run.status:
+                seen[run.run_id] = run.status
+                _say(
+                    t0,
+                    f"run {run.run_id[:8]} {run.job_name} for {run.tags.get('lithi/version_id')}: "
+                    f"{run.status.value}",
+                )
+            if run.status == dg.DagsterRunStatus.FAILURE:
+                return run
+        final = status.state == "SUCCEEDED" or not expect_complete
+        for run in runs:
+            if (
+                final
+                and run.job_name == CHAIN_JOB_NAME
+                and run.tags.get("lithi/version_id") == status.latest_version_id
+                and run.status in FINISHED
+            ):
+                return run
+        time.sleep(1.0)
+    raise TimeoutError(f"no finished chain run for {job_id} within {timeout:.0f}s")
+
+
+def latest_metadata(instance: dg.DagsterInstance, asset: str, run_id: str) -> dict:
+    """The metadata of ``asset``'s materialization in run ``run_id``, as plain values."""
+    records = instance.fetch_materializations(dg.AssetKey(asset), limit=20).records
+    for r in records:
+        if r.run_id == run_id and r.asset_materialization is not None:
+            return {k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()}
+    return {}
+
+
+def summarize(instance: dg.DagsterInstance, compute: LocalCompute, job_id: str, run) -> dict:
+    """Every version of the job, what was resubmitted, and the final chain's figures."""
+    from resources.bundle_store import BundleStore
+
+    store = BundleStore(lithi_home() / "cache")
+    versions = []
+    for v in compute.status(job_id).versions:
+        m = store.read_manifest(compute.manifest_url(job_id, v))
+        versions.append(
+            {
+                "version_id": v,
+                "status": m.job.status if m.job else "?",
+                "attempt": m.job.attempt if m.job else 0,
+                "parent_version_id": m.job.parent_version_id if m.job else None,
+                "content_sha256": m.snapshot.content_sha256,
+                "parts": len(m.parts),
+                **m.counts.model_dump(),
+            }
+        )
+    resubmits = [
+        r.tags.get("lithi/version_id")
+        for r in instance.get_runs(
+            filters=dg.RunsFilter(job_name=RESUBMIT_JOB_NAME, tags={"lithi/job_id": job_id})
+        )
+    ]
+    training = latest_metadata(instance, "training_run", run.run_id)
+    output = latest_metadata(instance, "output_bundle", run.run_id)
+    record = read_record(training["record"]) if "record" in training else None
+    return {
+        "job_id": job_id,
+        "versions": versions,
+        "resubmitted_versions": resubmits,
+        "chain_run": run.run_id,
+        "chain_status": run.status.value,
+        "trained_on": training.get("snapshot/version_id"),
+        "holdout_accuracy": training.get("holdout_accuracy"),
+        "reconciliation": record.reconciliation if record else None,
+        "checkpoint_sha256": training.get("checkpoint_sha256"),
+        "output_bundle": record.output_bundle.model_dump()
+        if record and record.output_bundle
+        else None,
+        "output_content_sha256": output.get("bundle/content_sha256"),
+    }
+
+
+def print_summary(s: dict, wall: float) -> None:
+    """The short human summary at the end of the demo."""
+    print("\n=== summary ===")
+    print(f"Compute job {s['job_id']}:")
+    for v in s["versions"]:
+        print(
+            f"  {v['version_id']}  {v['status']:<9} attempt {v['attempt']}  items {v['items']:>5}"
+            f"  accepted {v['accepted']}  failed {v['failed']}  abstained {v['abstained']}"
+            f"  outstanding {v['outstanding']}  parent {v['parent_version_id'] or '-'}"
+        )
+    print(f"resubmitted outstanding items of: {', '.join(s['resubmitted_versions']) or 'none'}")
+    print(f"chain run {s['chain_run']}: {s['chain_status']}, trained on {s['trained_on']}")
+    rec = s["reconciliation"] or {}
+    print(
+        f"reconciled: {rec.get('ok')}  iterated {rec.get('items_iterated')} of "
+        f"{rec.get('items_expected')}  by status {rec.get('by_status_found')}  "
+        f"outstanding {rec.get('outstanding')}"
+    )
+    acc = s["holdout_accuracy"]
+    print(f"held-out accuracy (vs Compute labels): {acc:.4f}" if acc is not None else "no accuracy")
+    ob = s["output_bundle"] or {}
+    print(f"checkpoint sha256: {s['checkpoint_sha256']}")
+    print(f"output bundle: {ob.get('version_id')}  content_sha256 {ob.get('content_sha256')}")
+    print(f"               {ob.get('path')}")
+    print(f"wall time: {wall:.1f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; exit 0 only if the chain succeeded from a complete bundle and reconciled."""
+    p = argparse.ArgumentParser(prog="pipeline.demo", description=__doc__.split("\n")[0])
+    p.add_argument("--sample", default="digits", choices=["digits", "wine"])
+    p.add_argument("--lose-fraction", type=float, default=0.3)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=900)
+    args = p.parse_args(argv)
+
+    t_start = time.monotonic()
+    os.environ.setdefault("DAGSTER_HOME", str(REPO_ROOT / "dagster_home"))
+    home = lithi_home()
+    home.mkdir(parents=True, exist_ok=True)
+    job_id, compute = submit_sample_job(
+        args.sample, home, FaultSpec(lose_fraction=args.lose_fraction)
+    )
+    print(
+        f"submitted Compute job {job_id} over the {args.sample} sample "
+        f"({args.lose_fraction:.0%} of items lost to a simulated worker crash)"
+    )
+    env = {
+        **os.environ,
+        "LITHI_HOME": str(home),
+        "LITHI_JOB_ID": job_id,
+        "LITHI_RESUBMIT_DELAY_SECONDS": os.environ.get("LITHI_RESUBMIT_DELAY_SECONDS", "1"),
+        "LITHI_WORLD_SIZE": str(args.world_size),
+    }
+    log_path = home / "logs" / f"daemon-{job_id}.log"
+    print(f"starting dagster-daemon (log: {log_path}); DAGSTER_HOME={env['DAGSTER_HOME']}")
+    daemon = start_daemon(env, log_path)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            run = wait_for_chain(instance, compute, job_id, daemon=daemon, timeout=args.timeout)
+            summary = summarize(instance, compute, job_id, run)
+    finally:
+        stop_daemon(daemon)
+    print_summary(summary, time.monotonic() - t_start)
+    (home / "logs" / f"summary-{job_id}.json").write_text(json.dumps(summary, indent=2))
+    ok = summary["chain_status"] == "SUCCESS" and (summary["reconciliation"] or {}).get("ok")
+    if not ok:
+        print(
+            "FAILED: the chain did not finish from a complete, reconciled bundle", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""The PARTIAL-job sensor: Dagster wiring around :func:`pipeline.partial_policy.decide`.
+
+Each tick asks Compute for the status of the watched jobs and emits RunRequests only: a chain
+rebuild for a complete (or, if allowed, exhausted PARTIAL) version, or a run of the resubmission
+job for a PARTIAL version. Run keys name (what, job, version), so a tick repeated after a crash
+or a lost cursor is deduplicated by Dagster; the resubmission carries an idempotency key that the
+Compute side honours, so a crash between "resubmitted" and "cursor saved" cannot resubmit twice.
+"""
+
+import time
+
+import dagster as dg
+
+from pipeline.jobs import (
+    CHAIN_JOB_NAME,
+    RESUBMIT_JOB_NAME,
+    chain_job,
+    chain_run_config,
+    resubmit_job,
+    resubmit_run_config,
+)
+from pipeline.partial_policy import Action, Cursor, JobCursor, Observed, decide
+from resources.compute.client import ComputeUnavailable
+from resources.dagster_resources import ComputeResource
+from resources.settings import ChainSettings
+
+SENSOR_NAME = "compute_partial_sensor"
+
+
+def _tags(action: Action) -> dict[str, str]:
+    return {
+        "lithi/job_id": action.job_id,
+        "lithi/version_id": action.version_id,
+        "lithi/attempt": str(action.attempt),
+        "lithi/trigger": "newer_manifest" if action.kind == "chain" else "partial_resubmit",
+        "lithi/allow_partial": str(action.allow_partial).lower(),
+    }
+
+
+def run_request_for(action: Action) -> dg.RunRequest:
+    """The RunRequest for one decided action, keyed so it can never launch twice."""
+    if action.kind == "chain":
+        return dg.RunRequest(
+            run_key=action.run_key,
+            job_name=CHAIN_JOB_NAME,
+            run_config=chain_run_config(action.job_id, action.version_id, action.allow_partial),
+            tags=_tags(action),
+        )
+    return dg.RunRequest(
+        run_key=action.run_key,
+        job_name=RESUBMIT_JOB_NAME,
+        run_config=resubmit_run_config(action.job_id, action.version_id),
+        tags=_tags(action),
+    )
+
+
+def evaluate(
+    context: dg.SensorEvaluationContext,
+    compute: ComputeResource,
+    settings: ChainSettings,
+    now: float | None = None,
+) -> dg.SensorResult:
+    """One tick: observe every watched job, decide, and return requests plus the new cursor."""
+    now = time.time() if now is None else now
+    cursor = Cursor.from_json(context.cursor)
+    client = compute.client()
+    policy = settings.policy()
+    requests: list[dg.RunRequest] = []
+    reasons: list[str] = []
+    for job_id in settings.watched_jobs(client):
+        try:
+            status = client.status(job_id)
+        except ComputeUnavailable as e:
+            # Nothing is recorded for this job, so the next tick sees the same state again.
+            reasons.append(f"{job_id}: Compute unreachable ({e}); will try again next tick")
+            continue
+        observed = Observed(
+            job_id=job_id,
+            state=status.state,
+            attempt=status.attempt,
+            latest_version_id=status.latest_version_id,
+            outstanding=status.outstanding,
+            message=status.message,
+        )
+        job_cursor = cursor.jobs.setdefault(job_id, JobCursor())
+        decision = decide(observed, job_cursor, policy, now)
+        requests += [run_request_for(a) for a in decision.actions]
+        reasons += decision.reasons
+    if not requests:
+        return dg.SensorResult(
+            skip_reason=dg.SkipReason("; ".join(reasons) or "no Compute jobs are watched"),
+            cursor=cursor.to_json(),
+        )
+    for r in reasons:
+        context.log.info(r)
+    return dg.SensorResult(run_requests=requests, cursor=cursor.to_json())
+
+
+@dg.sensor(
+    name=SENSOR_NAME,
+    jobs=[chain_job, resubmit_job],
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "Watches Compute jobs: resubmits the outstanding items of a PARTIAL version (once, with a "
+        "growing delay, up to max_attempts) and rebuilds the chain from each newer complete "
+        "manifest."
+    ),
+)
+def compute_partial_sensor(
+    context: dg.SensorEvaluationContext, compute: ComputeResource, chain_settings: ChainSettings
+) -> dg.SensorResult:
+    """The sensor the daemon evaluates."""
+    return evaluate(context, compute, chain_settings)

@@ -1,0 +1,70 @@
+"""Settings of the chain: which Compute job it follows, where artifacts go, the PARTIAL policy.
+
+Every field has an embedded default and an environment variable that overrides it, so the demo
+runs with no configuration and a deployment changes behaviour without a code change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from pipeline.partial_policy import Policy
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def lithi_home() -> Path:
+    """Where the local Compute, the bundle cache and run artifacts live (``LITHI_HOME``)."""
+    return Path(os.environ.get("LITHI_HOME") or REPO_ROOT / ".lithi").resolve()
+
+
+class ChainSettings(dg.ConfigurableResource):
+    """The Compute job(s) the chain follows and the sensor's PARTIAL policy."""
+
+    job_id: str = "digits-demo"
+    watch_jobs: str = ""  # comma-separated job ids; empty means just ``job_id``
+    max_attempts: int = 3
+    base_delay_seconds: float = 5.0
+    train_on_partial: bool = False
+    artifacts_dir: str = ""  # empty means LITHI_HOME/artifacts
+    credential_ref: str = ""  # registered reference used to download result bundles, if any
+    world_size: int = 1  # training ranks: 1 trains in the step's process, >1 through torchrun
+    num_workers: int = 2  # DataLoader worker processes per rank
+
+    @classmethod
+    def from_env(cls) -> ChainSettings:
+        """Build from ``LITHI_*`` environment variables, falling back to the embedded defaults."""
+        env = os.environ
+        return cls(
+            job_id=env.get("LITHI_JOB_ID", "digits-demo"),
+            watch_jobs=env.get("LITHI_WATCH_JOBS", ""),
+            max_attempts=int(env.get("LITHI_MAX_ATTEMPTS", "3")),
+            base_delay_seconds=float(env.get("LITHI_RESUBMIT_DELAY_SECONDS", "5")),
+            train_on_partial=env.get("LITHI_TRAIN_ON_PARTIAL", "").lower() in ("1", "true", "yes"),
+            artifacts_dir=env.get("LITHI_ARTIFACTS_DIR", ""),
+            credential_ref=env.get("LITHI_CREDENTIAL_REF", ""),
+            world_size=int(env.get("LITHI_WORLD_SIZE", "1")),
+            num_workers=int(env.get("LITHI_NUM_WORKERS", "2")),
+        )
+
+    def policy(self) -> Policy:
+        """The sensor's policy for PARTIAL jobs."""
+        return Policy(
+            max_attempts=self.max_attempts,
+            base_delay_seconds=self.base_delay_seconds,
+            train_on_partial=self.train_on_partial,
+        )
+
+    def watched_jobs(self, client: object | None = None) -> list[str]:
+        """The job ids the sensor watches."""
+        ids = [j.strip() for j in self.watch_jobs.split(",") if j.strip()]
+        return ids or [self.job_id]
+
+    def artifacts(self) -> Path:
+        """Root for run artifacts: index files, checkpoints, records, predictions, bundles."""
+        return (
+            Path(self.artifacts_dir).resolve() if self.artifacts_dir else lithi_home() / "artifacts"
+        )
