@@ -211,8 +211,8 @@ class BundleStore:
     def _materialize(self, manifest: Manifest, raw: bytes) -> Path:
         version = manifest.snapshot.version_id
         view = self.bundles_dir / version
-        if view.exists():
-            return self._reuse_view(view, manifest)
+        if view.exists() and self._view_is_current(view, manifest):
+            return view
         tmp = self.bundles_dir / f".{version}.view-{secrets.token_hex(6)}"
         try:
             (tmp / fmt.PARTS_DIR).mkdir(parents=True)
@@ -221,30 +221,49 @@ class BundleStore:
             atomic_write_bytes(tmp / fmt.MANIFEST_NAME, raw, replace=False)
             os.chmod(tmp / fmt.MANIFEST_NAME, 0o444)
             fsync_dir(tmp / fmt.PARTS_DIR)
+            if view.exists():  # stale links to objects since replaced: retire the old view
+                stale = self.bundles_dir / f".{version}.stale-{secrets.token_hex(6)}"
+                os.rename(view, stale)
+                shutil.rmtree(stale, ignore_errors=True)
             try:
                 rename_noreplace(tmp, view)
             except FileExistsError:  # another fetch materialised the same version first
                 shutil.rmtree(tmp, ignore_errors=True)
-                return self._reuse_view(view, manifest)
+                if not self._view_is_current(view, manifest):
+                    raise
+                return view
             fsync_dir(self.bundles_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return view
 
-    def _reuse_view(self, view: Path, manifest: Manifest) -> Path:
+    def _view_is_current(self, view: Path, manifest: Manifest) -> bool:
+        """Whether an existing view is this version, linked to the current objects.
+
+        A view of the same version_id with another ``content_sha256`` is refused loudly; a view
+        whose links point at objects that were since replaced is reported stale (rebuilt).
+        """
         try:
             existing = parse_manifest((view / fmt.MANIFEST_NAME).read_bytes())
         except FileNotFoundError:
-            existing = None
-        if existing is None or existing.snapshot != manifest.snapshot:
-            found = existing.snapshot.content_sha256 if existing else "no manifest"
+            return False
+        if existing.snapshot != manifest.snapshot:
             raise DigestMismatch(
                 f"{view}: a cached view of version {manifest.snapshot.version_id} exists with "
-                f"content_sha256 {found}, expected {manifest.snapshot.content_sha256}",
+                f"content_sha256 {existing.snapshot.content_sha256}, expected "
+                f"{manifest.snapshot.content_sha256}",
                 path=str(view),
             )
-        return view
+        for entry in manifest.bound_files:
+            try:
+                a = os.stat(view / entry.path)
+            except FileNotFoundError:
+                return False
+            b = os.stat(self.object_path(entry.sha256))
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                return False
+        return True
 
     # -- trust -------------------------------------------------------------------------------
 
