@@ -19,10 +19,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     ValidationError,
     field_serializer,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -175,6 +177,11 @@ class Counts(_Model):
     failed: int | None = Field(default=None, ge=0)
     abstained: int | None = Field(default=None, ge=0)
     outstanding: int | None = Field(default=None, ge=0)
+
+    @model_serializer(mode="wrap")
+    def _only_present(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # An input's counts are ``{"items": n}``: the result-only counts are absent, not null.
+        return {k: v for k, v in handler(self).items() if v is not None}
 
     @property
     def by_status(self) -> dict[str, int]:

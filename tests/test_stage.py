@@ -97,7 +97,7 @@ def to_array(values: list, type_name: str) -> pa.Array:
                 offsets.append(pos)
                 pos += 0 if v is None else len(v)
             offsets.append(pos)
-            mask = pa.array([v is None for v in values])
+            mask = pa.array([v is None for v in values], pa.bool_())
             if pa.types.is_list(dtype):
                 return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
             full = to_array([x for v in values for x in (v or [None] * dtype.list_size)], "float16")
@@ -123,7 +123,7 @@ def tables(draw) -> pa.Table:
 @st.composite
 def tables_of_every_type(draw) -> pa.Table:
     """One column of each vocabulary type (lists included), nullable ones holding some nulls."""
-    n = draw(st.integers(1, 12))
+    n = draw(st.integers(1, 6))  # 48 columns: keep each small or Hypothesis runs out of data
     ids = draw(st.lists(st.text(min_size=1, max_size=8), min_size=n, max_size=n, unique=True))
     fields = [pa.field("item_id", pa.string(), nullable=False)]
     arrays = [pa.array(ids, pa.string())]
@@ -162,7 +162,11 @@ def test_random_tables_stage_and_verify(table, rows_per_part):
         assert back.equals(table)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(table=tables_of_every_type(), rows_per_part=st.integers(1, 5))
 def test_every_vocabulary_type_round_trips(table, rows_per_part):
     with tempfile.TemporaryDirectory() as d:

@@ -1,0 +1,231 @@
+"""``lithi-bundle``: exit codes, every violation listed, JSON for machines, streaming stage."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from bundle_helpers import input_table, make_input, result_table
+
+from pipeline import format as fmt
+from pipeline.cli import _progress_bar, main
+from pipeline.verify import verify
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    make_input(tmp_path / "b", n=30, rows_per_part=10)
+    return tmp_path / "b"
+
+
+def test_verify_valid(bundle, capsys):
+    assert main(["verify", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"VALID {bundle}")
+    assert verify(bundle).identity.content_sha256 in out
+
+
+def test_verify_lists_every_violation(bundle, capsys):
+    (bundle / "stray.txt").write_text("x")
+    (bundle / fmt.part_path(2)).unlink()
+    assert main(["verify", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "2 violation(s)" in out
+    assert "UnboundFile" in out and "stray.txt" in out
+    assert "MissingFile" in out and "part-00002.parquet" in out
+
+
+def test_verify_json(bundle, capsys):
+    (bundle / "stray.txt").write_text("x")
+    assert main(["verify", "--json", str(bundle)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False
+    assert [e["type"] for e in report["errors"]] == ["UnboundFile"]
+    assert report["errors"][0]["path"] == "stray.txt"
+    assert report["snapshot"]["version_id"] == verify_manifest_id(bundle)
+
+
+def verify_manifest_id(bundle) -> str:
+    return json.loads((bundle / fmt.MANIFEST_NAME).read_text())["snapshot"]["version_id"]
+
+
+def test_verify_json_valid_has_stats(bundle, capsys):
+    assert main(["verify", "--json", str(bundle)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] and report["errors"] == []
+    assert report["stats"]["files_hashed"] == 3
+
+
+def test_verify_incomplete_bundle_reads_as_incomplete(bundle, capsys):
+    (bundle / fmt.MANIFEST_NAME).unlink()
+    assert main(["verify", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    assert "IncompleteBundle" in out and "part files alone never mean the job finished" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["verify"],
+        ["verify", "{missing}"],
+        ["inspect", "{missing}"],
+        ["stage", "{missing}", "--id-field", "id", "--kind", "input", "--out", "{out}"],
+    ],
+)
+def test_usage_errors_exit_2(tmp_path, argv, capsys):
+    argv = [a.format(missing=tmp_path / "missing", out=tmp_path / "o") for a in argv]
+    assert main(argv) == 2
+    assert capsys.readouterr().err
+
+
+def test_inspect_shows_identity_counts_schema_parts(bundle, capsys):
+    assert main(["inspect", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    m = verify(bundle).manifest
+    assert m.snapshot.version_id in out and m.snapshot.content_sha256 in out
+    assert "items=30" in out
+    for f in m.schema_.fields:
+        assert f.name in out
+    for p in m.parts:
+        line = next(x for x in out.splitlines() if x.startswith(p.path))
+        assert line.split()[1:] == [str(p.rows), str(p.bytes), p.sha256]
+
+
+def test_inspect_json_is_the_manifest(bundle, capsys):
+    assert main(["inspect", "--json", str(bundle)]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(
+        (bundle / fmt.MANIFEST_NAME).read_text()
+    )
+
+
+def test_inspect_invalid_manifest_exits_1(bundle, capsys):
+    (bundle / fmt.MANIFEST_NAME).write_text("nope")
+    assert main(["inspect", str(bundle)]) == 1
+    assert "ManifestInvalid" in capsys.readouterr().err
+
+
+def test_stage_input_streams_and_prints_identity(tmp_path, capsys):
+    table = tmp_path / "t.parquet"
+    pq.write_table(input_table(100), table, row_group_size=7)  # many small batches
+    out_dir = tmp_path / "b"
+    argv = ["stage", str(table), "--id-field", "id", "--kind", "input", "--out", str(out_dir)]
+    assert main([*argv, "--rows-per-part", "40"]) == 0
+    out = capsys.readouterr().out
+    snap = verify(out_dir)
+    assert snap.identity.version_id in out and snap.identity.content_sha256 in out
+    assert [p.rows for p in snap.manifest.parts] == [40, 40, 20]
+    # Refuses to overwrite, and leaves the bundle as it was.
+    assert main(argv) == 2
+    assert verify(out_dir).identity == snap.identity
+
+
+def test_stage_result_partial_from_input_bundle(tmp_path, capsys):
+    inp = make_input(tmp_path / "in", n=30)
+    table, ids = tmp_path / "r.parquet", tmp_path / "o.parquet"
+    pq.write_table(result_table(28), table)
+    pq.write_table(pa.table({"id": ["item-00028", "item-00029"]}), ids)
+    out_dir = tmp_path / "r"
+    argv = ["stage", str(table), "--id-field", "id", "--kind", "result", "--out", str(out_dir)]
+    argv += ["--input-bundle", str(inp.root), "--job-id", "job-9", "--outstanding", str(ids)]
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    m = verify(out_dir).manifest
+    assert printed["snapshot"] == m.snapshot.model_dump()
+    assert m.input.snapshot == inp.identity
+    assert m.job.status == "PARTIAL" and m.job.next_action.items == 2
+    assert m.counts.outstanding == 2 and m.counts.items == 28
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "message"),
+    [
+        ("result", [], "must name its input"),
+        ("result", ["--input-version-id", "v", "--input-sha256", "a" * 64], "needs --job-id"),
+        ("prediction", ["--input-version-id", "v"], "both"),
+        ("prediction", ["--input-version-id", "v", "--input-sha256", "xyz"], "bad input"),
+        ("input", ["--input-version-id", "v"], "derives from nothing"),
+        ("input", ["--job-id", "j"], "only for kind result"),
+    ],
+)
+def test_stage_lineage_flags(tmp_path, capsys, kind, extra, message):
+    table = tmp_path / "t.parquet"
+    pq.write_table(input_table(5), table)
+    argv = ["stage", str(table), "--id-field", "id", "--kind", kind, "--out", str(tmp_path / "o")]
+    assert main([*argv, *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_stage_prediction(tmp_path, capsys):
+    table = tmp_path / "t.parquet"
+    pq.write_table(input_table(5), table)
+    argv = ["stage", str(table), "--id-field", "id", "--kind", "prediction"]
+    argv += ["--out", str(tmp_path / "p"), "--input-version-id", "v1", "--input-sha256", "b" * 64]
+    assert main(argv) == 0
+    assert verify(tmp_path / "p").manifest.input.version_id == "v1"
+
+
+def test_stage_bad_table_is_invalid_not_a_crash(tmp_path, capsys):
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": ["a", "a"]}), table)
+    argv = [
+        "stage",
+        str(table),
+        "--id-field",
+        "id",
+        "--kind",
+        "input",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 1
+    assert "IdentifierError" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [table]
+
+
+@pytest.mark.integration
+def test_python_dash_m_entry_point(bundle):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    ok = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "verify", "--json", str(bundle)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["valid"] is True
+    (bundle / fmt.part_path(0)).write_bytes(b"garbage")
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "verify", str(bundle)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "SizeMismatch" in bad.stdout
+
+
+class _FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    with _progress_bar("verify", stream=io.StringIO()) as bar:
+        assert bar is None  # logs and pipes stay free of bar noise
+    term = _FakeTerminal()
+    with _progress_bar("verify", stream=term, unit="B", scale=True) as bar:
+        bar.bytes(4096, 8192)
+        bar.bytes(8192, 8192)
+        assert bar._bar.n == 8192 and bar._bar.total == 8192
+    assert "verify" in term.getvalue()

@@ -1,0 +1,220 @@
+"""The manifest model: every rule checkable from the manifest alone, and the checked-in schema."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from pipeline import format as fmt
+from pipeline.digest import content_sha256
+from pipeline.errors import CountMismatch, ManifestInvalid, StatusMismatch, UnsafePath
+from pipeline.manifest import (
+    SCHEMA_DOC,
+    Manifest,
+    _main,
+    json_schema,
+    json_schema_text,
+    parse_manifest,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SHA = "b" * 64
+
+
+def result_manifest() -> dict:
+    """A valid PARTIAL result manifest, as JSON data."""
+    parts = [
+        {"path": fmt.part_path(i), "sha256": f"{i}" * 64, "bytes": 100 + i, "rows": 10}
+        for i in range(2)
+    ]
+    out = {"path": fmt.OUTSTANDING_NAME, "sha256": "c" * 64, "bytes": 50, "rows": 3}
+    return {
+        "manifest_version": 1,
+        "kind": "result",
+        "snapshot": {
+            "version_id": "result-1",
+            "content_sha256": content_sha256((e["sha256"], e["path"]) for e in [*parts, out]),
+        },
+        "job": {
+            "job_id": "job-1",
+            "status": "PARTIAL",
+            "attempt": 1,
+            "parent_version_id": None,
+            "next_action": {"action": "resubmit_outstanding", "items": 3},
+        },
+        "input": {"version_id": "input-1", "content_sha256": SHA, "credential_ref": None},
+        "item_id_field": "id",
+        "schema": {
+            "fields": [
+                {"name": "id", "type": "string", "nullable": False},
+                {"name": "pixels", "type": "fixed_size_list<uint8,64>", "nullable": False},
+                {"name": fmt.STATUS_COLUMN, "type": "string", "nullable": False},
+                {"name": fmt.CONFIDENCE_COLUMN, "type": "float32", "nullable": True},
+                {"name": fmt.VERIFICATION_COLUMN, "type": "string", "nullable": True},
+            ]
+        },
+        "parts": parts,
+        "outstanding": out,
+        "counts": {"items": 20, "accepted": 15, "failed": 3, "abstained": 2, "outstanding": 3},
+        "created_at": "2026-09-05T12:00:00.000001Z",
+    }
+
+
+def input_manifest() -> dict:
+    m = result_manifest()
+    m.update(kind="input", job=None, input=None, outstanding=None, counts={"items": 20})
+    m["schema"]["fields"] = m["schema"]["fields"][:2]
+    return m
+
+
+def parse(data: dict) -> Manifest:
+    return parse_manifest(json.dumps(data))
+
+
+def test_valid_manifests_parse_and_round_trip():
+    for data in (result_manifest(), input_manifest()):
+        m = parse(data)
+        assert parse_manifest(m.to_json()) == m
+        assert json.loads(m.to_json()) == data  # the canonical text is the documented shape
+    m = parse(result_manifest())
+    assert m.is_partial and [f.path for f in m.bound_files][-1] == fmt.OUTSTANDING_NAME
+    assert m.created_at == datetime(2026, 9, 5, 12, 0, 0, 1, tzinfo=UTC)
+
+
+def edited(base, edit) -> dict:
+    data = copy.deepcopy(base())
+    edit(data)
+    return data
+
+
+def _set(path: str, value):
+    def edit(d):
+        *head, last = path.split(".")
+        for k in head:
+            d = d[int(k)] if k.isdigit() else d[k]
+        d[int(last) if last.isdigit() else last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("base", "edit", "cls", "match"),
+    [
+        (result_manifest, _set("manifest_version", 2), ManifestInvalid, "manifest_version"),
+        (result_manifest, _set("kind", "model"), ManifestInvalid, "kind"),
+        (result_manifest, _set("snapshot.content_sha256", "ABC"), ManifestInvalid, "content_sha"),
+        (result_manifest, _set("snapshot.content_sha256", "A" * 64), ManifestInvalid, "pattern"),
+        (result_manifest, _set("extra", 1), ManifestInvalid, "Extra inputs"),
+        (result_manifest, _set("created_at", "2026-09-05T12:00:00"), ManifestInvalid, "timezone"),
+        (result_manifest, _set("created_at", "2026-09-05T14:00:00+02:00"), ManifestInvalid, "UTC"),
+        (result_manifest, _set("job.attempt", 0), ManifestInvalid, "attempt"),
+        (result_manifest, _set("job", None), ManifestInvalid, "must describe its job"),
+        (result_manifest, _set("input", None), ManifestInvalid, "must name its input"),
+        (result_manifest, _set("item_id_field", "nope"), ManifestInvalid, "not a declared"),
+        (result_manifest, _set("schema.fields.0.nullable", True), ManifestInvalid, "non-null"),
+        (result_manifest, _set("schema.fields.0.type", "binary"), ManifestInvalid, "string"),
+        (result_manifest, _set("schema.fields.1.type", "uint128"), ManifestInvalid, "vocabulary"),
+        (result_manifest, _set("schema.fields.1.name", "id"), ManifestInvalid, "declared twice"),
+        (result_manifest, _set("schema.fields.3.type", "string"), ManifestInvalid, "float"),
+        (result_manifest, _set("schema.fields.2.type", "int8"), ManifestInvalid, "lithi_status"),
+        (
+            result_manifest,
+            lambda d: d["schema"]["fields"].pop(4),
+            ManifestInvalid,
+            "lithi_verification",
+        ),
+        (result_manifest, _set("parts.1.path", fmt.part_path(5)), ManifestInvalid, "part 1"),
+        (result_manifest, _set("outstanding.path", "o.parquet"), ManifestInvalid, "outstanding"),
+        (result_manifest, _set("parts.0.path", "/abs.parquet"), UnsafePath, "inside the bundle"),
+        (result_manifest, _set("parts.0.path", "../x.parquet"), UnsafePath, "inside the bundle"),
+        (result_manifest, _set("parts.0.path", "parts//p"), UnsafePath, "normalised"),
+        (result_manifest, _set("parts.0.bytes", -1), ManifestInvalid, "bytes"),
+        (result_manifest, _set("counts.items", 21), CountMismatch, "parts hold 20 rows"),
+        (result_manifest, _set("counts.failed", 4), CountMismatch, "!= items 20"),
+        (result_manifest, _set("counts.outstanding", 2), CountMismatch, "outstanding file has 3"),
+        (result_manifest, _set("counts.accepted", None), ManifestInvalid, "counts need"),
+        (result_manifest, _set("job.status", "SUCCEEDED"), StatusMismatch, "PARTIAL exactly"),
+        (result_manifest, _set("job.next_action", None), StatusMismatch, "needs next_action"),
+        (result_manifest, _set("job.next_action.items", 2), StatusMismatch, "items=3"),
+        (
+            result_manifest,
+            lambda d: (
+                d.update(outstanding=None),
+                d["counts"].update(outstanding=0),
+                d["job"].update(next_action=None),
+            ),
+            StatusMismatch,
+            "PARTIAL exactly",
+        ),
+        (
+            result_manifest,
+            lambda d: (
+                d.update(outstanding=None),
+                d["counts"].update(outstanding=0),
+                d["job"].update(status="SUCCEEDED"),
+            ),
+            StatusMismatch,
+            "has no next_action",
+        ),
+        (
+            input_manifest,
+            _set("input", {"version_id": "v", "content_sha256": SHA}),
+            ManifestInvalid,
+            "no input",
+        ),  # noqa: E501
+        (input_manifest, _set("job", result_manifest()["job"]), ManifestInvalid, "only for result"),
+        (input_manifest, _set("counts.failed", 0), ManifestInvalid, "only for result"),
+    ],
+)
+def test_rules(base, edit, cls, match):
+    with pytest.raises(cls, match=match) as info:
+        parse(edited(base, edit))
+    assert type(info.value) is cls
+    assert fmt.MANIFEST_NAME in str(info.value)  # every message names the file
+
+
+def test_mixed_problems_are_manifest_invalid_listing_each():
+    data = result_manifest()
+    data["parts"][0]["path"] = "/abs"
+    data["kind"] = "weird"
+    with pytest.raises(ManifestInvalid) as info:
+        parse(data)
+    assert type(info.value) is ManifestInvalid
+    assert "kind" in str(info.value) and "parts.0.path" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["", "{", "[1, 2", b"\xff\xfe\x00"])
+def test_not_json(text):
+    with pytest.raises(ManifestInvalid, match="is not JSON"):
+        parse_manifest(text)
+
+
+def test_json_schema_checked_in_is_current():
+    # Regenerate with: python -m pipeline.manifest
+    assert (REPO / SCHEMA_DOC).read_text() == json_schema_text()
+    assert _main(["--check", str(REPO / SCHEMA_DOC)]) == 0
+
+
+def test_json_schema_regeneration(tmp_path):
+    target = tmp_path / "schema.json"
+    assert _main(["--check", str(target)]) == 1
+    assert _main([str(target)]) == 0
+    assert json.loads(target.read_text()) == json_schema()
+    assert _main(["--check", str(target)]) == 0
+
+
+def test_json_schema_describes_the_documented_fields():
+    schema = json_schema()
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert set(schema["required"]) == {
+        "manifest_version", "kind", "snapshot", "job", "input", "item_id_field", "schema",
+        "parts", "outstanding", "counts", "created_at",
+    }  # fmt: skip
+    assert schema["additionalProperties"] is False
+    assert schema["$defs"]["SnapshotId"]["properties"]["content_sha256"]["pattern"] == (
+        "^[0-9a-f]{64}$"
+    )
