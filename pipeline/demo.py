@@ -35,11 +35,16 @@ FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 
 
 def submit_sample_job(
-    sample: str, home: Path, faults: FaultSpec, *, job_id: str | None = None
+    sample: str,
+    home: Path,
+    faults: FaultSpec,
+    *,
+    job_id: str | None = None,
+    executor: str = "subprocess",
 ) -> tuple[str, LocalCompute]:
     """Stage a sample's input and reference bundles and submit a labelling job over them."""
     inp, ref = samples.stage_sample(sample, home / "inputs")
-    compute = LocalCompute(home / "compute")
+    compute = LocalCompute(home / "compute", executor)  # type: ignore[arg-type]
     job_id = job_id or f"{sample}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     compute.submit(
         JobSpec(
@@ -250,14 +255,20 @@ def main(argv: list[str] | None = None) -> int:
         "LITHI_WORLD_SIZE": str(args.world_size),
     }
     log_path = home / "logs" / f"daemon-{job_id}.log"
-    print(f"starting dagster-daemon (log: {log_path}); DAGSTER_HOME={env['DAGSTER_HOME']}")
-    daemon = start_daemon(env, log_path)
-    try:
-        with dg.DagsterInstance.get() as instance:
+    import pipeline.definitions  # noqa: F401 - fail here, loudly, if the code location is broken
+
+    # Open (and, on first use, create) the SQLite instance before the daemon starts, so two
+    # processes never race to create its schema.
+    with dg.DagsterInstance.get() as instance:
+        print(f"starting dagster-daemon (log: {log_path}); DAGSTER_HOME={env['DAGSTER_HOME']}")
+        daemon = start_daemon(env, log_path)
+        try:
             run = wait_for_chain(instance, compute, job_id, daemon=daemon, timeout=args.timeout)
             summary = summarize(instance, compute, job_id, run)
-    finally:
-        stop_daemon(daemon)
+        except TimeoutError as e:
+            raise SystemExit(f"{e}; the daemon's log is {log_path}") from None
+        finally:
+            stop_daemon(daemon)
     print_summary(summary, time.monotonic() - t_start)
     (home / "logs" / f"summary-{job_id}.json").write_text(json.dumps(summary, indent=2))
     ok = summary["chain_status"] == "SUCCESS" and (summary["reconciliation"] or {}).get("ok")

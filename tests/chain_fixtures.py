@@ -28,7 +28,9 @@ def chain_resources(home: Path, job_id: str, **settings: object) -> dict[str, ob
 
 def sample_job(home: Path, sample: str = "digits", faults: FaultSpec | None = None) -> str:
     """Stage a sample and run its labelling job inline; return the job id."""
-    job_id, compute = submit_sample_job(sample, home, faults or FaultSpec(), job_id=f"{sample}-t")
+    job_id, _ = submit_sample_job(
+        sample, home, faults or FaultSpec(), job_id=f"{sample}-t", executor="inline"
+    )
     return job_id
 
 
