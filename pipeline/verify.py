@@ -12,15 +12,17 @@ import os
 import stat
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import format as fmt
-from pipeline.digest import content_sha256, sha256_files
+from pipeline.digest import content_sha256, cpu_count, sha256_files
 from pipeline.errors import (
     BundleError,
     CountMismatch,
@@ -35,6 +37,7 @@ from pipeline.errors import (
     UnsafePath,
 )
 from pipeline.manifest import FileEntry, Manifest, SnapshotId, parse_manifest
+from pipeline.unique import duplicates, id_hashes
 
 #: ``trusted(path, entry) -> bool``: may vouch that ``path`` already holds ``entry``'s exact bytes
 #: (e.g. a read-only, content-addressed cache object verified before), so it is not hashed again.
@@ -303,48 +306,81 @@ def _read_ids(
     return table
 
 
+@dataclass
+class _FileCheck:
+    """What one Parquet file's checks found; computed in a worker thread, merged in order."""
+
+    errors: list[BundleError]
+    table: pa.Table | None = None  # the id column (and status column of a result part)
+    schema_ok: bool = False
+    hashes: np.ndarray | None = None  # 64-bit hashes of the ids, for the uniqueness check
+
+
+def _inspect_file(
+    p: Path, entry: FileEntry, expected: pa.Schema, id_field: str, extra: list[str]
+) -> _FileCheck:
+    """Footer, row count, null ids and schema of one file; reads only the id/status columns."""
+    found = _FileCheck(errors=[])
+    pf = _open_parquet(p, entry, found.errors)
+    if pf is None:
+        return found
+    found.table = _read_ids(p, entry, pf, id_field, extra, found.errors)
+    problem = schema_difference(expected, pf.schema_arrow)
+    if problem:
+        found.errors.append(SchemaMismatch(f"{p}: {problem}", path=entry.path))
+    found.schema_ok = problem is None
+    if found.table is not None:
+        found.hashes = id_hashes(found.table.column(id_field))
+    return found
+
+
 def _check_parquet(
     root: Path, manifest: Manifest, intact: set[str], errors: list[BundleError]
 ) -> None:
-    """Row counts, schemas, ids and status counts of the parts whose bytes are intact."""
+    """Row counts, schemas, ids and status counts of the files whose bytes are intact.
+
+    Files are read in parallel threads (Parquet decoding and id hashing release the GIL); the
+    findings are merged in manifest order, so the error order does not depend on scheduling.
+    """
     declared = manifest.schema_.to_arrow()
     id_field = manifest.item_id_field
     is_result = manifest.kind == "result"
+    out_schema = pa.schema([pa.field(id_field, pa.string(), nullable=False)])
+    jobs = [(entry, declared, [fmt.STATUS_COLUMN] if is_result else []) for entry in manifest.parts]
+    if manifest.outstanding is not None:
+        jobs.append((manifest.outstanding, out_schema, []))
+    todo = [j for j in jobs if j[0].path in intact]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), cpu_count()))) as pool:
+        found = dict(
+            zip(
+                [j[0].path for j in todo],
+                pool.map(
+                    lambda j: _inspect_file(root / j[0].path, j[0], j[1], id_field, j[2]), todo
+                ),
+                strict=True,
+            )
+        )
     id_arrays: list[tuple[str, pa.ChunkedArray]] = []
+    hashes: list[np.ndarray] = []
     status_counts = dict.fromkeys(fmt.STATUSES, 0)
-    all_counted = True  # status counts can only be compared when every part was counted
-    for entry in manifest.parts:
-        p = root / entry.path
-        pf = _open_parquet(p, entry, errors) if entry.path in intact else None
-        if pf is None:
-            all_counted = False
+    all_counted = all(e.path in found for e in manifest.parts)  # else counts are not comparable
+    for entry, _, _ in jobs:
+        f = found.get(entry.path)
+        if f is None:
             continue
-        extra = [fmt.STATUS_COLUMN] if is_result else []
-        table = _read_ids(p, entry, pf, id_field, extra, errors)
-        problem = schema_difference(declared, pf.schema_arrow)
-        if problem:
-            errors.append(SchemaMismatch(f"{p}: {problem}", path=entry.path))
-        if table is not None:
-            id_arrays.append((entry.path, table.column(id_field)))
-        if problem or table is None:
+        errors.extend(f.errors)
+        if f.table is not None:
+            id_arrays.append((entry.path, f.table.column(id_field)))
+            hashes.append(f.hashes)
+        if entry is manifest.outstanding:
+            continue
+        if not f.schema_ok or f.table is None:
             all_counted = False
         elif is_result and not _count_statuses(
-            p, entry, table.column(fmt.STATUS_COLUMN), status_counts, errors
+            root / entry.path, entry, f.table.column(fmt.STATUS_COLUMN), status_counts, errors
         ):
             all_counted = False
-    out = manifest.outstanding
-    if out is not None and out.path in intact:
-        p = root / out.path
-        pf = _open_parquet(p, out, errors)
-        if pf is not None:
-            table = _read_ids(p, out, pf, id_field, [], errors)
-            expected = pa.schema([pa.field(id_field, pa.string(), nullable=False)])
-            problem = schema_difference(expected, pf.schema_arrow)
-            if problem:
-                errors.append(SchemaMismatch(f"{p}: {problem}", path=out.path))
-            if table is not None:
-                id_arrays.append((out.path, table.column(id_field)))
-    _check_unique_ids(root, id_field, id_arrays, errors)
+    _check_unique_ids(root, id_field, id_arrays, hashes, errors)
     if is_result and all_counted:
         expected_counts = manifest.counts.by_status
         if status_counts != expected_counts:
@@ -386,24 +422,18 @@ def _check_unique_ids(
     root: Path,
     id_field: str,
     id_arrays: list[tuple[str, pa.ChunkedArray]],
+    hashes: list[np.ndarray],
     errors: list[BundleError],
 ) -> None:
-    """Ids must be unique across all parts and the outstanding list, checked in Arrow."""
-    chunks = [c for _, col in id_arrays for c in col.cast(pa.string()).chunks]
-    if not chunks:
+    """Ids must be unique across all parts and the outstanding list (nulls reported already)."""
+    n_dups, examples = duplicates([col for _, col in id_arrays], hashes=hashes)
+    if not n_dups:
         return
-    all_ids = pa.chunked_array(chunks, type=pa.string()).drop_null()  # nulls reported already
-    # One hash pass in C++; the per-value counts are only computed when there is a duplicate.
-    if len(pc.unique(all_ids)) == len(all_ids):
-        return
-    counts = pc.value_counts(all_ids)
-    dup_mask = pc.greater(counts.field("counts"), 1)
-    dups = pc.filter(counts.field("values"), dup_mask)
-    first = dups[0].as_py()
+    first = examples[0]
     where = [p for p, col in id_arrays if pc.any(pc.equal(col.cast(pa.string()), first)).as_py()]
     errors.append(
         IdentifierError(
-            f"{root}: {len(dups)} id(s) in {id_field!r} appear more than once "
+            f"{root}: {n_dups} id(s) in {id_field!r} appear more than once "
             f"(expected each exactly once), e.g. {first!r} in {', '.join(where)}",
             path=where[0] if where else None,
         )

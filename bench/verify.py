@@ -1,0 +1,126 @@
+"""How close ``verify()`` runs to the machine's sha256 limit, against one-thread hashlib.
+
+Builds (once, cached under ``bench/out/``) an input bundle of at least 1 GB of incompressible
+random floats in several parts, then measures in this process, with the page cache warm:
+
+* ``hashlib x1``: plain ``hashlib.file_digest`` over the same files, one thread (the baseline);
+* ``sha256_files``: the project's parallel hashing alone (what the cores can do);
+* ``verify()``: the whole check, hashing plus manifest, Parquet footers, id column, uniqueness.
+
+Ratios are against the baseline measured in the same run, so they compare across machines.
+Run: ``.venv/bin/python bench/verify.py [--gb 1.0] [--repeat 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from pipeline.digest import cpu_count, sha256_files  # noqa: E402
+from pipeline.errors import BundleError  # noqa: E402
+from pipeline.stage import ROW_GROUP_ROWS, stage  # noqa: E402
+from pipeline.verify import verify  # noqa: E402
+
+OUT = ROOT / "bench" / "out"
+FLOAT_COLUMNS = 8
+ROW_BYTES = 8 * FLOAT_COLUMNS + 9  # float64 columns plus a short id, before Parquet overhead
+
+
+def batches(rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
+    """Random float64 rows in record batches: generated as staged, never all in memory."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, rows, ROW_GROUP_ROWS):
+        n = min(ROW_GROUP_ROWS, rows - start)
+        ids = pa.array(np.arange(start, start + n)).cast(pa.string())
+        cols = [pa.array(rng.random(n)) for _ in range(FLOAT_COLUMNS)]
+        yield pa.RecordBatch.from_arrays([ids, *cols], schema=SCHEMA)
+
+
+SCHEMA = pa.schema(
+    [pa.field("id", pa.string(), nullable=False)]
+    + [pa.field(f"f{i}", pa.float64()) for i in range(FLOAT_COLUMNS)]
+)
+
+
+def bundle(gb: float) -> Path:
+    """The cached benchmark bundle, staged now if absent or invalid."""
+    dest = OUT / f"verify-{gb:g}gb"
+    for stale in OUT.glob(f".{dest.name}.staging-*"):  # left by an interrupted earlier run
+        shutil.rmtree(stale)
+    if dest.exists():
+        try:
+            verify(dest)
+            return dest
+        except BundleError as e:
+            print(f"cached bundle invalid ({type(e).__name__}); restaging", file=sys.stderr)
+            shutil.rmtree(dest)
+    rows = int(gb * 1e9 / ROW_BYTES) + 1
+    print(f"staging {rows:,} rows (~{gb:g} GB) into {dest.relative_to(ROOT)} ...", file=sys.stderr)
+    t = time.perf_counter()
+    OUT.mkdir(parents=True, exist_ok=True)
+    stage(batches(rows), dest, id_field="id", kind="input", schema=SCHEMA, rows_per_part=1 << 20)
+    print(f"staged in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return dest
+
+
+def hashlib_one_thread(paths: list[Path]) -> None:
+    """The baseline: the standard library's own file hashing, one file after another."""
+    for p in paths:
+        with open(p, "rb") as f:
+            hashlib.file_digest(f, "sha256")
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``repeat`` runs."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build or reuse the bundle, measure, print the table; exit 1 if it is smaller than 1 GB."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gb", type=float, default=1.0, help="bundle size to build (default 1)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per method (median is shown)")
+    args = ap.parse_args(argv)
+
+    root = bundle(args.gb)
+    snap = verify(root)
+    paths = [root / f.path for f in snap.manifest.bound_files]
+    total = snap.stats.bytes_total
+    hashlib_one_thread(paths)  # warm the page cache: measure hashing, not the disk
+
+    rows = [
+        ("hashlib x1 (baseline)", timed(lambda: hashlib_one_thread(paths), args.repeat)),
+        (f"sha256_files x{cpu_count()}", timed(lambda: sha256_files(paths), args.repeat)),
+        ("verify()", timed(lambda: verify(root), args.repeat)),
+    ]
+    base = rows[0][1]
+    print(
+        f"bundle: {total / 1e9:.2f} GB in {len(paths)} parts, "
+        f"{snap.manifest.counts.items:,} items; cpus: {cpu_count()}; warm page cache; "
+        f"median of {args.repeat}"
+    )
+    print(f"{'method':<24}{'seconds':>9}{'MB/s':>9}{'x baseline':>12}")
+    for name, secs in rows:
+        print(f"{name:<24}{secs:>9.3f}{total / secs / 1e6:>9.0f}{base / secs:>12.2f}")
+    return 0 if total >= 1e9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
