@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import subprocess
 import tempfile
 from datetime import UTC
 from pathlib import Path
@@ -350,3 +353,21 @@ def test_progress_callback_counts_rows(tmp_path):
 
 def _leftovers(parent: Path) -> list[str]:
     return [p.name for p in parent.iterdir() if ".staging-" in p.name]
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="coreutils sha256sum not installed")
+def test_content_sha256_is_what_coreutils_prints(tmp_path):
+    snap = make_result(tmp_path / "r", n=25, rows_per_part=10, outstanding=["late-1"])
+    files = [f.path for f in snap.manifest.bound_files]
+    assert files[-1] == fmt.OUTSTANDING_NAME
+    listing = subprocess.run(
+        ["sha256sum", *files], cwd=snap.root, capture_output=True, check=True
+    ).stdout
+    digest = subprocess.run(["sha256sum"], input=listing, capture_output=True, check=True)
+    assert digest.stdout.split()[0].decode() == snap.identity.content_sha256
+
+
+def test_empty_table_is_a_bundle_with_no_parts(tmp_path):
+    snap = stage(input_table(0), tmp_path / "b", id_field="id", kind="input")
+    assert snap.manifest.parts == [] and snap.manifest.counts.items == 0
+    assert snap.identity.content_sha256 == hashlib.sha256(b"").hexdigest()
