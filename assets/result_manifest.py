@@ -33,7 +33,9 @@ def result_manifest(
 ) -> dg.Output[ManifestRef]:
     """Read and validate the manifest of one result version (the latest unless pinned)."""
     client = compute.client()
-    job_id = config.job_id or chain_settings.job_id
+    job_id = config.job_id or chain_settings.resolve_job(client)
+    if not job_id:
+        raise dg.Failure("no Compute job to read: set LITHI_JOB_ID or submit a job first")
     status = client.status(job_id)
     version = config.version_id or status.latest_version_id
     if version is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from pipeline.partial_policy import Policy
+from resources.compute.client import ComputeClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def lithi_home() -> Path:
 class ChainSettings(dg.ConfigurableResource):
     """The Compute job(s) the chain follows and the sensor's PARTIAL policy."""
 
-    job_id: str = "digits-demo"
+    job_id: str = ""  # empty means the most recently submitted Compute job
     watch_jobs: str = ""  # comma-separated job ids; empty means just ``job_id``
     max_attempts: int = 3
     base_delay_seconds: float = 5.0
@@ -39,7 +40,7 @@ class ChainSettings(dg.ConfigurableResource):
         """Build from ``LITHI_*`` environment variables, falling back to the embedded defaults."""
         env = os.environ
         return cls(
-            job_id=env.get("LITHI_JOB_ID", "digits-demo"),
+            job_id=env.get("LITHI_JOB_ID", ""),
             watch_jobs=env.get("LITHI_WATCH_JOBS", ""),
             max_attempts=int(env.get("LITHI_MAX_ATTEMPTS", "3")),
             base_delay_seconds=float(env.get("LITHI_RESUBMIT_DELAY_SECONDS", "5")),
@@ -58,10 +59,17 @@ class ChainSettings(dg.ConfigurableResource):
             train_on_partial=self.train_on_partial,
         )
 
-    def watched_jobs(self, client: object | None = None) -> list[str]:
-        """The job ids the sensor watches."""
+    def resolve_job(self, client: ComputeClient) -> str | None:
+        """The job the chain follows: ``job_id``, else the most recently submitted one."""
+        return self.job_id or client.latest_job()
+
+    def watched_jobs(self, client: ComputeClient) -> list[str]:
+        """The job ids the sensor watches: ``watch_jobs``, else the job the chain follows."""
         ids = [j.strip() for j in self.watch_jobs.split(",") if j.strip()]
-        return ids or [self.job_id]
+        if ids:
+            return ids
+        job = self.resolve_job(client)
+        return [job] if job else []
 
     def artifacts(self) -> Path:
         """Root for run artifacts: index files, checkpoints, records, predictions, bundles."""

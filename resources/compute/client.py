@@ -109,6 +109,10 @@ class ComputeClient(abc.ABC):
         """Ids of every job this service knows, sorted."""
 
     @abc.abstractmethod
+    def latest_job(self) -> str | None:
+        """The most recently submitted job's id (what the chain follows by default), or None."""
+
+    @abc.abstractmethod
     def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
         """Location of a published result bundle (the latest one when ``version_id`` is None)."""
 

@@ -239,6 +239,11 @@ class LocalCompute(ComputeClient):
         """Ids of every job under this root, sorted."""
         return self.jobs.list()
 
+    def latest_job(self) -> str | None:
+        """The job with the newest ``created_at`` (ties broken by id), or None if there is none."""
+        records = [self.jobs.load(j) for j in self.jobs.list()]
+        return max(records, key=lambda r: (r.created_at, r.job_id)).job_id if records else None
+
     def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
         """The local path of a published result bundle (the latest when ``version_id`` is None)."""
         rec = self.jobs.load(job_id)
