@@ -22,12 +22,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME
 from pipeline.records import read_record
 from resources import samples
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
+from resources.compute.labeller import LABEL_COLUMN
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT, lithi_home
 
@@ -155,6 +158,20 @@ def latest_metadata(instance: dg.DagsterInstance, asset: str, run_id: str) -> di
     return {}
 
 
+def truth_accuracy(sample: str, predictions_path: str) -> tuple[float, int]:
+    """Accuracy of the predictions against the sample's true labels, outside the reference set.
+
+    The kNN labeller saw the reference items' true labels, so only the other items measure
+    what the whole loop (Compute labels, then training on them) got right.
+    """
+    s = samples.load(sample)
+    table = pq.read_table(predictions_path).join(s.truth, s.id_field)
+    held = pc.invert(pc.is_in(table[s.id_field], value_set=s.reference[s.id_field]))
+    table = table.filter(held)
+    right = pc.sum(pc.equal(table["prediction"], table[LABEL_COLUMN])).as_py() or 0
+    return right / max(table.num_rows, 1), table.num_rows
+
+
 def summarize(instance: dg.DagsterInstance, compute: LocalCompute, job_id: str, run) -> dict:
     """Every version of the job, what was resubmitted, and the final chain's figures."""
     from resources.bundle_store import BundleStore
@@ -181,6 +198,7 @@ def summarize(instance: dg.DagsterInstance, compute: LocalCompute, job_id: str, 
         )
     ]
     training = latest_metadata(instance, "training_run", run.run_id)
+    predictions = latest_metadata(instance, "prediction_table", run.run_id)
     output = latest_metadata(instance, "output_bundle", run.run_id)
     record = read_record(training["record"]) if "record" in training else None
     return {
@@ -191,6 +209,7 @@ def summarize(instance: dg.DagsterInstance, compute: LocalCompute, job_id: str, 
         "chain_status": run.status.value,
         "trained_on": training.get("snapshot/version_id"),
         "holdout_accuracy": training.get("holdout_accuracy"),
+        "predictions": predictions.get("table_path"),
         "reconciliation": record.reconciliation if record else None,
         "checkpoint_sha256": training.get("checkpoint_sha256"),
         "output_bundle": record.output_bundle.model_dump()
@@ -220,6 +239,11 @@ def print_summary(s: dict, wall: float) -> None:
     )
     acc = s["holdout_accuracy"]
     print(f"held-out accuracy (vs Compute labels): {acc:.4f}" if acc is not None else "no accuracy")
+    if s.get("truth_accuracy") is not None:
+        print(
+            f"accuracy vs true labels, {s['truth_items']} items outside the labelled reference: "
+            f"{s['truth_accuracy']:.4f}"
+        )
     ob = s["output_bundle"] or {}
     print(f"checkpoint sha256: {s['checkpoint_sha256']}")
     print(f"output bundle: {ob.get('version_id')}  content_sha256 {ob.get('content_sha256')}")
@@ -232,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipeline.demo", description=__doc__.split("\n")[0])
     p.add_argument("--sample", default="digits", choices=["digits", "wine"])
     p.add_argument("--lose-fraction", type=float, default=0.3)
+    p.add_argument("--fail-item-fraction", type=float, default=0.02)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args(argv)
@@ -241,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     home = lithi_home()
     home.mkdir(parents=True, exist_ok=True)
     job_id, compute = submit_sample_job(
-        args.sample, home, FaultSpec(lose_fraction=args.lose_fraction)
+        args.sample,
+        home,
+        FaultSpec(lose_fraction=args.lose_fraction, fail_item_fraction=args.fail_item_fraction),
     )
     print(
         f"submitted Compute job {job_id} over the {args.sample} sample "
@@ -269,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{e}; the daemon's log is {log_path}") from None
         finally:
             stop_daemon(daemon)
+    if summary["predictions"]:
+        summary["truth_accuracy"], summary["truth_items"] = truth_accuracy(
+            args.sample, summary["predictions"]
+        )
     print_summary(summary, time.monotonic() - t_start)
     (home / "logs" / f"summary-{job_id}.json").write_text(json.dumps(summary, indent=2))
     ok = summary["chain_status"] == "SUCCESS" and (summary["reconciliation"] or {}).get("ok")

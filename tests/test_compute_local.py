@@ -237,3 +237,17 @@ def test_a_killed_worker_is_reported_failed(tmp_path, digits):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert st.state == "FAILED" and "exited without reporting" in st.message
+
+
+def test_per_item_failures_are_results_with_status_failed(tmp_path, digits):
+    compute = LocalCompute(tmp_path / "compute", executor="inline")
+    job = compute.submit(_spec(digits, faults=FaultSpec(fail_item_fraction=0.05)))
+    st = compute.status(job)
+    assert st.state == "SUCCEEDED"  # a failed item has a result; it is not outstanding
+    snap = verify(compute.manifest_url(job))
+    table = _table(snap)
+    failed = table.filter(pc.equal(table[fmt.STATUS_COLUMN], "failed"))
+    assert snap.manifest.counts.failed == failed.num_rows == round(0.05 * table.num_rows)
+    assert failed[fmt.CONFIDENCE_COLUMN].null_count == failed.num_rows
+    assert failed["lithi_label"].null_count == failed.num_rows
+    assert set(failed[fmt.VERIFICATION_COLUMN].to_pylist()) == {"not_run"}

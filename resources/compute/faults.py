@@ -20,7 +20,9 @@ class FaultSpec(BaseModel):
     """Which faults a job suffers; the default is a healthy job.
 
     ``lose_fraction`` and ``lose_parts`` apply to the first attempt, ``resubmit_lose_fraction``
-    to every resubmission, ``fail`` makes the first attempt fail outright.
+    to every resubmission, ``fail`` makes the first attempt fail outright. ``fail_item_fraction``
+    of the computed items fail individually (a per-item error: they get a result row with
+    ``lithi_status`` failed, unlike lost items, which get none).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -29,6 +31,7 @@ class FaultSpec(BaseModel):
     lose_parts: int = Field(default=0, ge=0)
     resubmit_lose_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     fail: bool = False
+    fail_item_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     transient_status_errors: int = Field(default=0, ge=0)
     delay_seconds: float = Field(default=0.0, ge=0.0)
 
@@ -47,6 +50,14 @@ def lost_items(ids: Sequence[str], fraction: float, attempt: int) -> set[str]:
         return set()
     n = min(len(ids), math.ceil(fraction * len(ids)))
     return set(sorted(ids, key=lambda i: _rank_key(i, attempt, "lose"))[:n])
+
+
+def failed_items(ids: Sequence[str], fraction: float) -> set[str]:
+    """The ``round(fraction * len(ids))`` ids whose computation fails, chosen by sha256(id)."""
+    if fraction <= 0 or not ids:
+        return set()
+    n = min(len(ids), round(fraction * len(ids)))
+    return set(sorted(ids, key=lambda i: _rank_key(i, 0, "fail"))[:n])
 
 
 def lost_blocks(n_blocks: int, lose: int, attempt: int) -> set[int]:

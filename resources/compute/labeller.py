@@ -87,6 +87,16 @@ class Labels:
     confidence: np.ndarray  # float32 vote margin; NaN where failed
     verification: np.ndarray  # object array of "agree" | "disagree" | "not_run"
 
+    def with_failures(self, mask: np.ndarray) -> Labels:
+        """These labels with the rows in ``mask`` failed: no label, no confidence, not verified."""
+        status = self.status.copy()
+        status[mask] = "failed"
+        confidence = self.confidence.copy()
+        confidence[mask] = np.nan
+        verification = self.verification.copy()
+        verification[mask] = "not_run"
+        return Labels(status, self.label, confidence, verification)
+
     def to_arrow(self) -> dict[str, pa.Array]:
         """The four result columns as Arrow arrays, nulls where a value does not exist."""
         failed = self.status == "failed"

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -26,7 +27,7 @@ from pipeline.stage import ReusedPart, stage
 from pipeline.verify import VerifiedSnapshot, verify
 from resources.bundle_store import BundleStore
 from resources.compute.client import FINAL_STATES, ComputeError, utc_now
-from resources.compute.faults import lost_blocks, lost_items
+from resources.compute.faults import failed_items, lost_blocks, lost_items
 from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore
 from resources.compute.labeller import label_table
 from resources.credentials import CredentialRegistry
@@ -171,7 +172,12 @@ def _compute(root: Path, rec: JobRecord, att: AttemptRecord) -> Outcome:
         reference_id_field=ref.manifest.item_id_field,
         k=spec.k,
         abstain_margin=spec.abstain_margin,
-    ).to_arrow()
+    )
+    broken = failed_items(computed.column(id_field).to_pylist(), faults.fail_item_fraction)
+    if broken:
+        mask = np.array([i in broken for i in computed.column(id_field).to_pylist()], dtype=bool)
+        labels = labels.with_failures(mask)
+    labels = labels.to_arrow()
     schema = result_schema(inp.manifest.schema_.to_arrow(), id_field)
     columns = [computed.column(f.name) for f in schema if f.name in computed.column_names]
     columns += [labels[n] for n in schema.names[len(columns) :]]
