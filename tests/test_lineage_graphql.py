@@ -1,0 +1,194 @@
+"""Lineage through Dagster's GraphQL API, without a browser: the layer the UI reads from.
+
+The code location is loaded in-process over the persisted instance of a finished chain run and
+queried with the same schema the webserver serves at ``/graphql``. If these pass and the browser
+test fails, the UI (or its rendering) broke; if these fail, the definitions or the recorded
+metadata did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+import pytest
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster_graphql.test.utils import execute_dagster_graphql
+
+from assets import CHAIN_ASSETS
+from pipeline.definitions import defs
+from pipeline.jobs import CHAIN_GROUP, CHAIN_JOB_NAME
+from resources.settings import REPO_ROOT
+
+if TYPE_CHECKING:
+    from tests.lineage_fixtures import LineageInstance
+
+pytest_plugins = ["tests.lineage_fixtures"]
+pytestmark = pytest.mark.integration
+
+CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS]  # result_manifest → … → output_bundle
+
+Query = Callable[..., dict[str, Any]]
+
+ASSET_NODES = """
+{
+  assetNodes {
+    assetKey { path }
+    groupName
+    dependencyKeys { path }
+    dependedByKeys { path }
+    assetChecksOrError {
+      ... on AssetChecks {
+        checks {
+          name
+          executionForLatestMaterialization { runId status evaluation { success } }
+        }
+      }
+    }
+  }
+}
+"""
+
+LATEST_METADATA = """
+query ($path: [String!]!) {
+  assetOrError(assetKey: {path: $path}) {
+    ... on Asset {
+      assetMaterializations(limit: 1) {
+        runId
+        metadataEntries {
+          label
+          ... on TextMetadataEntry { text }
+          ... on PathMetadataEntry { path }
+          ... on FloatMetadataEntry { floatValue }
+          ... on IntMetadataEntry { intValue }
+          ... on MarkdownMetadataEntry { mdStr }
+          ... on JsonMetadataEntry { jsonString }
+        }
+      }
+    }
+    ... on AssetNotFoundError { message }
+  }
+}
+"""
+
+RUNS_BY_TAG = """
+query ($key: String!, $value: String!) {
+  runsOrError(filter: {tags: [{key: $key, value: $value}]}) {
+    ... on Runs { results { runId jobName status tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def graphql(lineage_instance: LineageInstance) -> Iterator[Query]:
+    """Run a GraphQL query against the instance with ``pipeline.definitions`` loaded in-process."""
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name="pipeline.definitions", working_directory=str(REPO_ROOT))
+    )
+    with (
+        lineage_instance.instance() as instance,
+        WorkspaceProcessContext(
+            instance, InProcessWorkspaceLoadTarget(origin), version=dg.__version__, read_only=True
+        ) as process_context,
+    ):
+        errors = process_context.create_request_context().get_code_location_entries()
+        for name, entry in errors.items():
+            assert entry.load_error is None, f"code location {name} failed to load: {entry}"
+
+        def query(text: str, **variables: object) -> dict[str, Any]:
+            result = execute_dagster_graphql(
+                process_context.create_request_context(), text, variables
+            )
+            assert not result.errors, result.errors
+            return result.data
+
+        yield query
+
+
+def _value(entry: dict[str, Any]) -> object:
+    for field in ("text", "path", "floatValue", "intValue", "mdStr", "jsonString"):
+        if field in entry:
+            return entry[field]
+    return None
+
+
+def _latest_metadata(graphql: Query, asset: str) -> tuple[str, dict[str, object]]:
+    data = graphql(LATEST_METADATA, path=[asset])["assetOrError"]
+    assert "assetMaterializations" in data, f"{asset}: {data}"
+    mats = data["assetMaterializations"]
+    assert mats, f"{asset} has no materialization in the instance"
+    return mats[0]["runId"], {e["label"]: _value(e) for e in mats[0]["metadataEntries"]}
+
+
+def _nodes(graphql: Query) -> dict[str, dict[str, Any]]:
+    return {n["assetKey"]["path"][-1]: n for n in graphql(ASSET_NODES)["assetNodes"]}
+
+
+def test_the_six_assets_are_one_group(graphql):
+    nodes = _nodes(graphql)
+    assert sorted(nodes) == sorted(CHAIN)
+    assert {name: n["groupName"] for name, n in nodes.items()} == dict.fromkeys(CHAIN, CHAIN_GROUP)
+
+
+def test_edges_are_exactly_the_chain(graphql):
+    nodes = _nodes(graphql)
+    upstream = {
+        name: sorted(k["path"][-1] for k in n["dependencyKeys"]) for name, n in nodes.items()
+    }
+    downstream = {
+        name: sorted(k["path"][-1] for k in n["dependedByKeys"]) for name, n in nodes.items()
+    }
+    assert upstream == {b: [a] for a, b in zip(CHAIN, CHAIN[1:], strict=False)} | {CHAIN[0]: []}
+    assert downstream == {a: [b] for a, b in zip(CHAIN, CHAIN[1:], strict=False)} | {CHAIN[-1]: []}
+
+
+def test_training_run_metadata_names_the_data_it_was_trained_on(graphql, lineage_instance):
+    snap_run, snapshot = _latest_metadata(graphql, "verified_snapshot")
+    train_run, training = _latest_metadata(graphql, "training_run")
+    assert snap_run == train_run == lineage_instance.run_id
+
+    sha = snapshot["snapshot/content_sha256"]
+    assert isinstance(sha, str) and len(sha) == 64, snapshot
+    assert training["snapshot/content_sha256"] == sha
+    assert training["snapshot/version_id"] == lineage_instance.version_id
+    assert len(str(training["checkpoint_sha256"])) == 64
+    assert str(training["record"]).endswith(".json")
+    assert str(training["loss_curve_svg"]).endswith(".svg")
+    assert "epoch" in str(training["loss_curve"])
+    assert 0.5 < float(training["holdout_accuracy"]) <= 1.0
+
+    _, output = _latest_metadata(graphql, "output_bundle")
+    assert output["input/content_sha256"] == sha
+
+
+def test_every_asset_check_is_shown_and_passed(graphql, lineage_instance):
+    expected = {(k.asset_key.path[-1], k.name) for k in defs.resolve_asset_graph().asset_check_keys}
+    assert expected, "the chain defines no asset checks"
+    seen: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for name, node in _nodes(graphql).items():
+        for check in node["assetChecksOrError"].get("checks", []):
+            seen[(name, check["name"])] = check["executionForLatestMaterialization"]
+    assert set(seen) == expected
+    for key, execution in seen.items():
+        assert execution is not None, f"check {key} was never evaluated"
+        assert execution["runId"] == lineage_instance.run_id, key
+        assert execution["status"] == "SUCCEEDED", (key, execution)
+        assert execution["evaluation"]["success"] is True, key
+
+
+def test_the_run_carries_the_version_that_triggered_it(graphql, lineage_instance):
+    data = graphql(RUNS_BY_TAG, key="lithi/version_id", value=lineage_instance.version_id)
+    runs = data["runsOrError"]["results"]
+    assert [r["runId"] for r in runs] == [lineage_instance.run_id]
+    run = runs[0]
+    assert run["jobName"] == CHAIN_JOB_NAME
+    assert run["status"] == "SUCCESS"
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags["lithi/job_id"] == lineage_instance.job_id
+    assert tags["lithi/trigger"] == "newer_manifest"
