@@ -20,7 +20,7 @@ from pipeline.jobs import (
     resubmit_run_config,
 )
 from pipeline.partial_policy import Action, Cursor, JobCursor, Observed, decide
-from resources.compute.client import ComputeUnavailable
+from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import ComputeResource
 from resources.settings import ChainSettings
 
@@ -73,6 +73,10 @@ def evaluate(
         except ComputeUnavailable as e:
             # Nothing is recorded for this job, so the next tick sees the same state again.
             reasons.append(f"{job_id}: Compute unreachable ({e}); will try again next tick")
+            continue
+        except ComputeError as e:
+            # An unknown or refused job is reported, not raised: it must not stall the others.
+            reasons.append(f"{job_id}: Compute refused the status call ({type(e).__name__}: {e})")
             continue
         observed = Observed(
             job_id=job_id,
