@@ -229,3 +229,22 @@ def test_progress_bar_only_on_a_terminal():
         bar.bytes(8192, 8192)
         assert bar._bar.n == 8192 and bar._bar.total == 8192
     assert "verify" in term.getvalue()
+
+
+def test_stage_type_outside_the_vocabulary_is_a_usage_error(tmp_path, capsys):
+    table = tmp_path / "t.parquet"
+    ts = pa.array([0, 1], pa.timestamp("ns", tz="UTC"))
+    pq.write_table(pa.table({"id": ["a", "b"], "t": ts}), table, coerce_timestamps=None)
+    argv = [
+        "stage",
+        str(table),
+        "--id-field",
+        "id",
+        "--kind",
+        "input",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 2
+    assert "v1 vocabulary" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
