@@ -9,7 +9,7 @@ random floats in several parts, then measures in this process, with the page cac
 * ``verify() minus hashing``: the same with every file trusted, i.e. the cost beyond sha256.
 
 Ratios are against the baseline measured in the same run, so they compare across machines.
-Run: ``.venv/bin/python bench/verify.py [--gb 1.0] [--repeat 3]``.
+Run: ``.venv/bin/python bench/verify.py [--shape wide|narrow] [--gb 1.0] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -35,29 +35,46 @@ from pipeline.stage import ROW_GROUP_ROWS, stage  # noqa: E402
 from pipeline.verify import verify  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
-FLOAT_COLUMNS = 8
-ROW_BYTES = 8 * FLOAT_COLUMNS + 9  # float64 columns plus a short id, before Parquet overhead
+DIM = 256  # "wide": one fixed_size_list<float32,256> embedding per item, ~1 KB a row
+FLOAT_COLUMNS = 8  # "narrow": eight float64 columns, ~73 B a row: 14x more ids per GB
+SHAPES = {
+    "wide": (
+        pa.schema(
+            [
+                pa.field("id", pa.string(), nullable=False),
+                pa.field("embedding", pa.list_(pa.float32(), DIM), nullable=False),
+            ]
+        ),
+        4 * DIM + 9,
+    ),
+    "narrow": (
+        pa.schema(
+            [pa.field("id", pa.string(), nullable=False)]
+            + [pa.field(f"f{i}", pa.float64()) for i in range(FLOAT_COLUMNS)]
+        ),
+        8 * FLOAT_COLUMNS + 9,
+    ),
+}
 
 
-def batches(rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
-    """Random float64 rows in record batches: generated as staged, never all in memory."""
+def batches(shape: str, rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
+    """Random rows in record batches: generated as staged, never all in memory."""
+    schema, _ = SHAPES[shape]
     rng = np.random.default_rng(seed)
     for start in range(0, rows, ROW_GROUP_ROWS):
         n = min(ROW_GROUP_ROWS, rows - start)
         ids = pa.array(np.arange(start, start + n)).cast(pa.string())
-        cols = [pa.array(rng.random(n)) for _ in range(FLOAT_COLUMNS)]
-        yield pa.RecordBatch.from_arrays([ids, *cols], schema=SCHEMA)
+        if shape == "wide":
+            flat = pa.array(rng.random(n * DIM, dtype=np.float32))
+            cols = [pa.FixedSizeListArray.from_arrays(flat, DIM)]
+        else:
+            cols = [pa.array(rng.random(n)) for _ in range(FLOAT_COLUMNS)]
+        yield pa.RecordBatch.from_arrays([ids, *cols], schema=schema)
 
 
-SCHEMA = pa.schema(
-    [pa.field("id", pa.string(), nullable=False)]
-    + [pa.field(f"f{i}", pa.float64()) for i in range(FLOAT_COLUMNS)]
-)
-
-
-def bundle(gb: float) -> Path:
+def bundle(gb: float, shape: str) -> Path:
     """The cached benchmark bundle, staged now if absent or invalid."""
-    dest = OUT / f"verify-{gb:g}gb"
+    dest = OUT / f"verify-{shape}-{gb:g}gb"
     for stale in OUT.glob(f".{dest.name}.staging-*"):  # left by an interrupted earlier run
         shutil.rmtree(stale)
     if dest.exists():
@@ -67,11 +84,20 @@ def bundle(gb: float) -> Path:
         except BundleError as e:
             print(f"cached bundle invalid ({type(e).__name__}); restaging", file=sys.stderr)
             shutil.rmtree(dest)
-    rows = int(gb * 1e9 / ROW_BYTES) + 1
+    schema, row_bytes = SHAPES[shape]
+    rows = int(gb * 1e9 / row_bytes) + 1
     print(f"staging {rows:,} rows (~{gb:g} GB) into {dest.relative_to(ROOT)} ...", file=sys.stderr)
     t = time.perf_counter()
     OUT.mkdir(parents=True, exist_ok=True)
-    stage(batches(rows), dest, id_field="id", kind="input", schema=SCHEMA, rows_per_part=1 << 20)
+    per_part = max(1, rows // 12)  # a dozen parts: enough to keep every core hashing
+    stage(
+        batches(shape, rows),
+        dest,
+        id_field="id",
+        kind="input",
+        schema=schema,
+        rows_per_part=per_part,
+    )
     print(f"staged in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return dest
 
@@ -102,10 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     """Build or reuse the bundle, measure, print the table; exit 1 if it is smaller than 1 GB."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gb", type=float, default=1.0, help="bundle size to build (default 1)")
+    ap.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="wide",
+        help="wide: 1 KB embedding rows (default); narrow: 73 B rows, 14x more ids to check",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (best is shown)")
     args = ap.parse_args(argv)
 
-    root = bundle(args.gb)
+    root = bundle(args.gb, args.shape)
     snap = verify(root)
     paths = [root / f.path for f in snap.manifest.bound_files]
     total = snap.stats.bytes_total
@@ -123,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0][1]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"bundle: {total / 1e9:.2f} GB in {len(paths)} parts, "
+        f"bundle ({args.shape}): {total / 1e9:.2f} GB in {len(paths)} parts, "
         f"{snap.manifest.counts.items:,} items; cpus: {cpu_count()}; load avg {load:.1f}; "
         f"warm page cache; best of {args.repeat}"
     )
