@@ -90,7 +90,8 @@ class MapDataset(Dataset):
         if table is not None:
             self._cache.move_to_end(p)
             return table
-        table = _read_part(self.index, p, self.columns)
+        # one chunk per column: Arrow's take over a many-chunked column concatenates it first
+        table = _read_part(self.index, p, self.columns).combine_chunks()
         self._cache[p] = table
         if self.max_cached_parts is not None and len(self._cache) > self.max_cached_parts:
             self._cache.popitem(last=False)

@@ -265,3 +265,18 @@ def test_a_verified_snapshot_is_accepted_directly(index):
     ds = MapDataset(index.snapshot)
     assert len(ds) == 1009
     assert np.array_equal(ds.index.part_offsets, index.part_offsets)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
+    kw = dict(style=style, batch_size=32, num_workers=2, rank=1, world_size=2, seed=4)
+    plain = [b["item_id"] for b in make_loader(index, **kw)]
+    split = make_loader(index, transfer_batches=4, **kw)
+    set_epoch(split, 0)
+    grouped = [b["item_id"] for b in split]
+    assert all(len(b) == 32 for b in grouped[:-1])
+    if style == "map":  # same sampler order, cut at the same places
+        assert grouped == plain
+    assert sorted(x for b in grouped for x in b) == sorted(x for b in plain for x in b)
+    assert len({x for b in grouped for x in b}) == sum(map(len, grouped))

@@ -1,0 +1,202 @@
+"""Reader throughput against the raw decode limit, measured in the same run, plus peak memory.
+
+Builds (once, cached under ``bench/out/``) a result bundle of 2**20 rows: string ids, 64 float32
+features as one ``fixed_size_list<float32,64>`` column (how embeddings and feature vectors are
+usually stored: one column, one 256-byte row, decoded as a single [B, 64] tensor), an int64
+label and the lithi columns. Prints rows/s with 2 DataLoader workers and batch 256 for the
+map-style reader shuffled, the iterable reader, a naive per-row ``__getitem__`` baseline
+(measured on a prefix and extrapolated), and the raw pyarrow decode limit (``read_table`` plus
+conversion to tensors, one process, no DataLoader), each as a ratio of the limit. Then the peak
+RSS of the iterable reader over a 1x and a 4x bundle, each in a fresh child process.
+
+    .venv/bin/python bench/loader.py [--rows N] [--skip-rss]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.datasets import MapDataset, OwnerSampler, collate_batches  # noqa: E402
+from pipeline.index import Index  # noqa: E402
+from pipeline.loader import make_loader, set_epoch  # noqa: E402
+from pipeline.manifest import InputRef, JobInfo  # noqa: E402
+from pipeline.stage import stage  # noqa: E402
+from pipeline.tensors import to_batch  # noqa: E402
+from pipeline.verify import verify  # noqa: E402
+
+OUT = Path(__file__).with_name("out")
+BATCH = 256
+WORKERS = 2
+TRANSFER = 16  # batches per worker message (see make_loader's transfer_batches)
+FEATURES = 64
+STATUSES = np.array(["accepted", "failed", "abstained"])
+
+SCHEMA = pa.schema(
+    [
+        pa.field("item_id", pa.string(), nullable=False),
+        pa.field("x", pa.list_(pa.float32(), FEATURES), nullable=False),
+        pa.field("label", pa.int64(), nullable=False),
+        pa.field("lithi_status", pa.string(), nullable=False),
+        pa.field("lithi_confidence", pa.float32(), nullable=True),
+        pa.field("lithi_verification", pa.string(), nullable=False),
+    ]
+)
+
+
+def _batches(rows: int, chunk: int = 65_536):
+    rng = np.random.default_rng(0)
+    for start in range(0, rows, chunk):
+        n = min(chunk, rows - start)
+        i = np.arange(start, start + n)
+        status = STATUSES[rng.choice(3, n, p=[0.8, 0.1, 0.1])]
+        conf = rng.random(n, dtype=np.float32)
+        feats = rng.standard_normal((n, FEATURES), dtype=np.float32)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([f"{k:08d}" for k in i], pa.string()),
+                pa.FixedSizeListArray.from_arrays(pa.array(feats.ravel()), FEATURES),
+                pa.array(i % 10, pa.int64()),
+                pa.array(status),
+                pa.array(conf, mask=status == "failed"),
+                pa.array(np.where(status == "accepted", "checked", "none")),
+            ],
+            schema=SCHEMA,
+        )
+
+
+def bundle(rows: int) -> Index:
+    """The cached bench bundle of ``rows`` rows, staged on first use and verified every time."""
+    dest = OUT / f"loader-{rows}"
+    if not dest.exists():
+        OUT.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        stage(
+            _batches(rows),
+            dest,
+            schema=SCHEMA,
+            id_field="item_id",
+            kind="result",
+            job=JobInfo(job_id="bench", status="SUCCEEDED", attempt=1),
+            input=InputRef(version_id="bench-input", content_sha256="0" * 64),
+        )
+        print(f"staged {rows:,} rows in {time.perf_counter() - t:.1f} s at {dest.name}")
+    return Index.from_snapshot(verify(dest))
+
+
+def raw_limit(index: Index) -> float:
+    """rows/s of read_table + to_batch per 256-row slice, one process, no DataLoader."""
+    t = time.perf_counter()
+    rows = 0
+    for path in index.part_paths:
+        table = pq.read_table(path)
+        for off in range(0, table.num_rows, BATCH):
+            b = to_batch(table.slice(off, BATCH), index.schema)
+            rows += len(b["item_id"])
+    return rows / (time.perf_counter() - t)
+
+
+def loader_rate(loader, limit_batches: int | None = None) -> float:
+    t = time.perf_counter()
+    rows = 0
+    it = iter(loader)
+    if limit_batches is not None:
+        it = itertools.islice(it, limit_batches)
+    for b in it:
+        rows += len(b["item_id"])
+    return rows / (time.perf_counter() - t)
+
+
+class PerRow(MapDataset):
+    """The naive baseline: torch's fetcher calls ``__getitem__`` once per row, then collates."""
+
+    __getitems__ = None
+
+
+def rss_child(rows: int) -> None:
+    """(In a child) stream the iterable reader once and print peak RSS of it and its workers."""
+    index = bundle(rows)
+    n = 0
+    loader = make_loader(
+        index, style="iterable", batch_size=BATCH, num_workers=WORKERS, transfer_batches=TRANSFER
+    )
+    for b in loader:
+        n += len(b["item_id"])
+    assert n == rows, (n, rows)
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"{own:.0f} {kids:.0f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2**20)
+    ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--rss-child", type=int)
+    args = ap.parse_args()
+    if args.rss_child:
+        rss_child(args.rss_child)
+        return
+    index = bundle(args.rows)
+    print(
+        f"bundle: {len(index):,} rows in {len(index.part_rows)} parts; batch {BATCH}, "
+        f"{WORKERS} workers"
+    )
+    results: dict[str, float] = {}
+    results["raw pyarrow decode limit (1 process)"] = raw_limit(index)
+    for k in (1, TRANSFER):
+        tag = f"transfer_batches={k}"
+        kw = dict(batch_size=BATCH, num_workers=WORKERS, transfer_batches=k)
+        m = make_loader(index, style="map", shuffle=True, **kw)
+        results[f"map-style shuffled, epoch 1 (cold), {tag}"] = loader_rate(m)
+        set_epoch(m, 1)
+        results[f"map-style shuffled, epoch 2 (warm), {tag}"] = loader_rate(m)
+        it = make_loader(index, style="iterable", shuffle=False, **kw)
+        results[f"iterable, {tag}"] = loader_rate(it)
+        its = make_loader(index, style="iterable", shuffle=True, **kw)
+        results[f"iterable, shuffled row groups, {tag}"] = loader_rate(its)
+        del m
+    naive = PerRow(index)
+    from torch.utils.data import DataLoader
+
+    nl = DataLoader(
+        naive,
+        batch_size=BATCH,
+        sampler=OwnerSampler(index, shuffle=True),
+        num_workers=WORKERS,
+        collate_fn=collate_batches,
+    )
+    results["naive per-row __getitem__ (80 batches)"] = loader_rate(nl, limit_batches=80)
+    limit = results["raw pyarrow decode limit (1 process)"]
+    print(f"{'reader':62s} {'rows/s':>10s} {'x limit':>8s}")
+    for name, rate in results.items():
+        print(f"{name:62s} {rate:10,.0f} {rate / limit:8.2f}")
+    if args.skip_rss:
+        return
+    print("peak RSS of the iterable reader (MiB; main process / largest worker):")
+    for k in (1, 4):
+        rows = args.rows * k
+        bundle(rows)  # staged outside the measured child
+        out = subprocess.run(
+            [sys.executable, __file__, "--rss-child", str(rows)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        print(f"  {k}x = {rows:>10,} rows: main {out[-2]} MiB, worker {out[-1]} MiB")
+
+
+if __name__ == "__main__":
+    main()
