@@ -275,7 +275,8 @@ def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
     split = make_loader(index, transfer_batches=4, **kw)
     set_epoch(split, 0)
     grouped = [b["item_id"] for b in split]
-    assert all(len(b) == 32 for b in grouped[:-1])
+    short = sum(1 for b in grouped if len(b) != 32)
+    assert short <= (1 if style == "map" else 2)  # iterable: each worker-owner's last batch
     if style == "map":  # same sampler order, cut at the same places
         assert grouped == plain
     assert sorted(x for b in grouped for x in b) == sorted(x for b in plain for x in b)
