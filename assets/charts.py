@@ -4,6 +4,7 @@ The SVG is written beside the checkpoint (linked from the metadata); the Markdow
 inline on the asset page, so the curve is seen at a glance without opening a file.
 """
 
+import base64
 from pathlib import Path
 
 
@@ -42,3 +43,9 @@ def loss_svg(curve: list[float], path: Path, *, width: int = 480, height: int = 
 """
     path.write_text(svg)
     return path
+
+
+def svg_markdown(svg_path: Path, alt: str = "Training loss by epoch") -> str:
+    """The SVG chart inlined as a Markdown image (a ``data:`` URI), which the Dagster UI renders."""
+    data = base64.b64encode(svg_path.read_bytes()).decode("ascii")
+    return f"![{alt}](data:image/svg+xml;base64,{data})"

@@ -148,6 +148,7 @@ def training_run(
             "checkpoint": dg.MetadataValue.path(str(out / "model.pt")),
             "record": dg.MetadataValue.path(str(record_path)),
             "record_json": dg.MetadataValue.json(record.model_dump(mode="json")),
+            "loss_curve_chart": dg.MetadataValue.md(charts.svg_markdown(svg)),
             "loss_curve": dg.MetadataValue.md(charts.loss_markdown(outcome["loss_curve"])),
             "loss_curve_svg": dg.MetadataValue.path(str(svg)),
             "final_loss": float(outcome["loss_curve"][-1]),

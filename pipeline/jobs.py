@@ -6,7 +6,8 @@ retryable in the UI; its idempotency key makes a retry of the same request harml
 
 import dagster as dg
 
-from resources.dagster_resources import ComputeResource
+from resources.compute.client import ComputeUnavailable
+from resources.dagster_resources import BundleStoreResource, ComputeResource
 
 CHAIN_GROUP = "compute_chain"
 CHAIN_JOB_NAME = "compute_chain_job"
@@ -48,21 +49,39 @@ def idempotency_key(job_id: str, version_id: str) -> str:
     return f"resubmit:{job_id}:{version_id}"
 
 
+TRANSIENT_RETRIES = 4
+RETRY_BASE_SECONDS = 2.0
+
+
 @dg.op(description="Resubmit the outstanding items of one PARTIAL result version to Compute.")
 def resubmit_outstanding(
-    context: dg.OpExecutionContext, config: ResubmitConfig, compute: ComputeResource
+    context: dg.OpExecutionContext,
+    config: ResubmitConfig,
+    compute: ComputeResource,
+    bundle_store: BundleStoreResource,
 ) -> dg.Output[int]:
-    """Ask Compute to run only the outstanding items; the idempotency key makes retries safe."""
+    """Ask Compute to run only the outstanding items; the idempotency key makes retries safe.
+
+    A transient Compute error asks Dagster to retry the op with a growing wait; the same
+    idempotency key means a retry after a resubmission that did go through starts nothing new.
+    """
     client = compute.client()
-    attempt = client.resubmit(
-        config.job_id,
-        from_version_id=config.from_version_id,
-        idempotency_key=idempotency_key(config.job_id, config.from_version_id),
-    )
-    status = client.status(config.job_id)
+    try:
+        manifest = bundle_store.store().read_manifest(
+            client.manifest_url(config.job_id, config.from_version_id)
+        )
+        attempt = client.resubmit(
+            config.job_id,
+            from_version_id=config.from_version_id,
+            idempotency_key=idempotency_key(config.job_id, config.from_version_id),
+        )
+    except ComputeUnavailable as e:
+        wait = RETRY_BASE_SECONDS * 2**context.retry_number
+        context.log.warning(f"Compute unavailable ({e}); retrying in {wait:.0f}s")
+        raise dg.RetryRequested(max_retries=TRANSIENT_RETRIES, seconds_to_wait=wait) from e
     context.log.info(
-        f"resubmitted the outstanding items of {config.job_id} version {config.from_version_id} "
-        f"as attempt {attempt}"
+        f"resubmitted {manifest.counts.outstanding} outstanding items of {config.job_id} "
+        f"version {config.from_version_id} as attempt {attempt}"
     )
     return dg.Output(
         attempt,
@@ -70,7 +89,7 @@ def resubmit_outstanding(
             "job_id": config.job_id,
             "from_version_id": config.from_version_id,
             "attempt": attempt,
-            "outstanding_resubmitted": status.outstanding,
+            "outstanding_resubmitted": manifest.counts.outstanding or 0,
         },
     )
 

@@ -324,7 +324,12 @@ def test_a_crash_between_resubmission_and_cursor_update_resubmits_once(tmp_path,
     attempts = []
     for _ in range(2):
         result = resubmit_job.execute_in_process(
-            run_config=config, resources={"compute": compute_resource}, instance=instance
+            run_config=config,
+            resources={
+                "compute": compute_resource,
+                "bundle_store": setup.resources["bundle_store"],
+            },
+            instance=instance,
         )
         assert result.success
         attempts.append(result.output_for_node("resubmit_outstanding"))
