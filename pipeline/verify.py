@@ -293,7 +293,11 @@ def _read_ids(
         pa.types.is_string(t) or (pa.types.is_dictionary(t) and pa.types.is_string(t.value_type))
     ):
         return None  # the schema check names the wrong type
-    table = pf.read(columns=[id_field, *[c for c in extra if c in names]])
+    try:
+        table = pf.read(columns=[id_field, *[c for c in extra if c in names]])
+    except (pa.ArrowException, OSError) as e:  # a footer that parses over pages that do not
+        errors.append(SchemaMismatch(f"{p}: id column unreadable: {e}", path=entry.path))
+        return None
     ids = table.column(id_field)
     if ids.null_count:
         errors.append(

@@ -316,3 +316,15 @@ def test_rebind_alone_keeps_a_bundle_valid(bundle):
 def test_errors_are_one_family():
     for cls in (IncompleteBundle, DigestMismatch, SchemaMismatch, UnboundFile, UnsafePath):
         assert issubclass(cls, BundleError)
+
+
+def test_unreadable_parquet_with_matching_digest_is_reported_not_raised(bundle):
+    p = bundle / P0
+    data = bytearray(p.read_bytes())
+    data[8:200] = b"\xff" * 192  # wreck the first data pages, keep the footer
+    p.write_bytes(bytes(data))
+    rebind(bundle)
+    types = error_types(bundle)
+    assert types and all(issubclass(t, BundleError) for t in types)
+    with pytest.raises(BundleError):
+        verify(bundle)
