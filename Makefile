@@ -14,7 +14,6 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 -c constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
