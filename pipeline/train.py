@@ -165,14 +165,14 @@ def holdout_mask(ids: list[str], percent: int) -> torch.Tensor:
 
 
 def _targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class indices of the target and a mask of rows that have one."""
+    """Class indices of the target and a mask of rows that have a known class."""
     raw = batch[spec.target_column]
-    valid = batch.get(f"{spec.target_column}__valid")
     raw = raw.to(torch.int64) if isinstance(raw, torch.Tensor) else torch.tensor(raw)
+    valid = batch.get(f"{spec.target_column}__valid")
     valid = valid if valid is not None else torch.ones_like(raw, dtype=torch.bool)
-    lookup = {c: i for i, c in enumerate(spec.classes)}
-    idx = torch.tensor([lookup.get(int(v), -1) for v in raw.tolist()], dtype=torch.int64)
-    return idx.clamp(min=0), valid & (idx >= 0)
+    classes = torch.tensor(spec.classes, dtype=torch.int64)
+    idx = torch.searchsorted(classes, raw).clamp(max=len(classes) - 1)
+    return idx, valid & (classes[idx] == raw)
 
 
 class Classifier(nn.Module):
