@@ -217,6 +217,13 @@ def test_training_run_page_shows_the_checkpoint_record_and_data_digest(
     loss_row.scroll_into_view_if_needed()
     _shot(page, "training_run_loss_curve.png")
 
+    # ...and as a picture: the SVG line chart inlined in ``loss_curve_chart`` is drawn.
+    image = page.locator('img[src^="data:image/svg+xml"]').first
+    image.scroll_into_view_if_needed()
+    expect(image).to_be_visible()
+    assert image.evaluate("i => i.complete && i.naturalWidth") > 0
+    _shot(page, "training_run_loss_chart.png")
+
 
 def test_checks_tab_shows_the_passed_check(page, webserver):
     from playwright.sync_api import expect
