@@ -184,6 +184,12 @@ def test_asset_graph_shows_the_six_assets_and_their_edges(page, webserver):
     )
     for name in CHAIN:
         assert page.locator("svg foreignObject", has_text=name).count() == 1, name
+    # Edges are drawn after the nodes are laid out: wait for them (bounded), then read them.
+    page.wait_for_function(
+        "n => [...document.querySelectorAll('svg:has(foreignObject) path')]"
+        ".filter(p => !p.closest('marker') && p.getAttribute('fill') === 'none').length >= n",
+        arg=len(CHAIN) - 1,
+    )
     graph = page.evaluate(EDGES_JS)
     _shot(page, "asset_graph.png")
 
