@@ -7,6 +7,8 @@ inline on the asset page, so the curve is seen at a glance without opening a fil
 import base64
 from pathlib import Path
 
+from pipeline.fsutil import atomic_write_text
+
 
 def loss_markdown(curve: list[float], title: str = "Training loss by epoch") -> str:
     """A Markdown table with one bar per epoch, scaled to the largest loss."""
@@ -41,7 +43,7 @@ def loss_svg(curve: list[float], path: Path, *, width: int = 480, height: int = 
 <polyline fill="none" stroke="#4f46e5" stroke-width="2" points="{points}"/>
 </svg>
 """
-    path.write_text(svg)
+    atomic_write_text(path, svg)
     return path
 
 

@@ -1,12 +1,14 @@
 """``prediction_table``: one prediction for every item of the index, keyed by the same id."""
 
 import dagster as dg
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from assets import metadata as md
 from assets.refs import PredictionRef, TrainingRef
 from pipeline import format as fmt
+from pipeline.fsutil import atomic_write_bytes
 from pipeline.index import Index
 from pipeline.jobs import CHAIN_GROUP
 from pipeline.manifest import Schema
@@ -47,7 +49,9 @@ def prediction_table(
     out = chain_settings.artifacts() / "prediction_table" / context.run.run_id
     out.mkdir(parents=True, exist_ok=True)
     path = out / "predictions.parquet"
-    pq.write_table(table, path)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes(), replace=False)
     ids = table.column(index.id_field)
     same = ids.combine_chunks().equals(index.ids)
     unique = pc.count_distinct(ids).as_py() == len(ids)

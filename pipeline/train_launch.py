@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from pipeline.fsutil import atomic_write_text
 from pipeline.index import Index
 from pipeline.train import TrainConfig, fit, save_checkpoint
 from pipeline.verify import verify
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spec": outcome.spec.model_dump(),
                 "world_size": world,
             }
-            (out / "outcome.json").write_text(json.dumps(result, indent=2))
+            atomic_write_text(out / "outcome.json", json.dumps(result, indent=2))
             if pipes is not None:
                 pipes.report_asset_materialization(
                     metadata={
