@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         FaultSpec(lose_fraction=args.lose_fraction, fail_item_fraction=args.fail_item_fraction),
     )
     print(
-        f"submitted Compute job {job_id} over the {args.sample} sample "
-        f"({args.lose_fraction:.0%} of items lost to a simulated worker crash)"
+        f"submitted Compute job {job_id} over the {args.sample} sample ({args.lose_fraction:.0%} "
+        f"of items lost to a simulated worker crash, {args.fail_item_fraction:.0%} failing)"
     )
     env = {
         **os.environ,
