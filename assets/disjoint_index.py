@@ -4,7 +4,7 @@ import dagster as dg
 
 from assets import metadata as md
 from assets.refs import IndexRef, SnapshotRef
-from pipeline import split
+from pipeline.coverage import plan_split
 from pipeline.index import Index
 from pipeline.jobs import CHAIN_GROUP
 from pipeline.verify import verify
@@ -12,27 +12,6 @@ from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
 DISJOINT_AND_COVERING = "index_disjoint_and_covering"
-
-
-def owner_plan(index: Index, world_size: int, num_workers: int) -> dict:
-    """Map-style positions per rank and whole parts per (rank, worker), from the pure split."""
-    n = len(index)
-    ranks = [split.share_bounds(n, r, world_size) for r in range(world_size)]
-    owners = max(1, world_size * max(num_workers, 1))
-    parts = split.assignment(index.part_rows, owners)
-    return {"ranks": ranks, "parts": parts}
-
-
-def coverage_problems(index: Index, plan: dict) -> list[str]:
-    """Every position exactly once across ranks; every part exactly once across owners."""
-    problems = []
-    seen = sorted(p for a, b in plan["ranks"] for p in range(a, b))
-    if seen != list(range(len(index))):
-        problems.append(f"map-style shares cover {len(set(seen))}/{len(index)} items, {len(seen)}")
-    parts = sorted(p for owned in plan["parts"] for p in owned)
-    if parts != list(range(len(index.part_rows))):
-        problems.append(f"iterable assignment holds parts {parts}, expected each part once")
-    return problems
 
 
 @dg.asset(
@@ -64,19 +43,20 @@ def disjoint_index(
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.parquet"
     index.save(path)
-    plan = owner_plan(index, chain_settings.world_size, chain_settings.num_workers)
-    problems = coverage_problems(index, plan)
+    plan = plan_split(
+        len(index), index.part_rows, chain_settings.world_size, chain_settings.num_workers
+    )
     yield dg.AssetCheckResult(
         check_name=DISJOINT_AND_COVERING,
-        passed=not problems,
-        metadata={"problems": "\n".join(problems) or "none", "items": len(index)},
+        passed=plan.ok,
+        metadata={"problems": "\n".join(plan.problems) or "none", "items": len(index)},
     )
-    if problems:
-        raise dg.Failure("the split is not exactly-once: " + "; ".join(problems))
-    rank_rows = [[r, a, b, b - a] for r, (a, b) in enumerate(plan["ranks"])]
+    if not plan.ok:
+        raise dg.Failure("the split is not exactly-once: " + "; ".join(plan.problems))
+    rank_rows = [[r, n] for r, n in enumerate(plan.rank_sizes)]
     part_rows = [
         [o, ",".join(map(str, owned)) or "—", sum(index.part_rows[p] for p in owned)]
-        for o, owned in enumerate(plan["parts"])
+        for o, owned in enumerate(plan.part_owners)
     ]
     yield dg.Output(
         IndexRef(path=str(path), digest=index.digest, snapshot=verified_snapshot),
@@ -88,7 +68,7 @@ def disjoint_index(
             "world_size": chain_settings.world_size,
             "num_workers": chain_settings.num_workers,
             "index_path": dg.MetadataValue.path(str(path)),
-            "map_style_shares": md.markdown_table(["rank", "start", "stop", "items"], rank_rows),
+            "map_style_shares": md.markdown_table(["rank", "items"], rank_rows),
             "iterable_part_owners": md.markdown_table(["owner", "parts", "rows"], part_rows),
         },
         data_version=dg.DataVersion(index.digest),

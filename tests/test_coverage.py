@@ -1,0 +1,33 @@
+"""The split proof the disjoint_index check runs: it passes real splits and catches broken ones."""
+
+import numpy as np
+import pytest
+
+from pipeline import split
+from pipeline.coverage import plan_split
+
+
+@pytest.mark.parametrize(("n", "world", "workers"), [(1009, 2, 2), (5, 8, 3), (0, 3, 0)])
+def test_real_splits_are_exactly_once(n, world, workers):
+    parts = [n // 7 + (1 if i < n % 7 else 0) for i in range(7)]
+    plan = plan_split(n, parts, world, workers, seed=3)
+    assert plan.ok, plan.problems
+    assert sum(plan.rank_sizes) == n and max(plan.rank_sizes) - min(plan.rank_sizes) <= 1
+
+
+def test_a_split_that_pads_or_overlaps_is_caught(monkeypatch):
+    real = split.map_positions
+
+    def padded(n_items, rank, world_size, **kw):  # DistributedSampler-style padding
+        out = real(n_items, rank, world_size, **kw)
+        return np.concatenate([out, out[:1]]) if rank == world_size - 1 else out
+
+    monkeypatch.setattr(split, "map_positions", padded)
+    plan = plan_split(1009, [1009], 2, 2)
+    assert not plan.ok and "repeated" in plan.problems[0]
+
+
+def test_a_part_with_two_owners_is_caught(monkeypatch):
+    monkeypatch.setattr(split, "assignment", lambda rows, n: [[0, 1], [1]] + [[]] * (n - 2))
+    plan = plan_split(10, [5, 5], 2, 1)
+    assert not plan.ok and "parts" in plan.problems[0]
