@@ -73,6 +73,7 @@ def prediction_table(
             "dagster/column_schema": md.column_schema(
                 Schema.from_arrow(table.schema), index.id_field
             ),
+            **md.identity("snapshot", snapshot.identity),
             "checkpoint_sha256": training_run.checkpoint_sha256,
             "table_path": dg.MetadataValue.path(str(path)),
             **{f"rows_{k}": v for k, v in by_status.items()},
