@@ -1,0 +1,56 @@
+"""The code location loads, and its graph is exactly the chain: a cheap guard against drift."""
+
+import dagster as dg
+
+from pipeline.definitions import build_definitions, defs
+from pipeline.jobs import CHAIN_GROUP
+
+CHAIN = [
+    "result_manifest",
+    "verified_snapshot",
+    "disjoint_index",
+    "training_run",
+    "prediction_table",
+    "output_bundle",
+]
+CHECKS = {
+    "verified_snapshot": {("manifest_binds_every_file", True)},
+    "disjoint_index": {("index_disjoint_and_covering", True)},
+    "training_run": {("iterated_counts_reconcile", False)},
+    "prediction_table": {("one_row_per_item", True)},
+    "output_bundle": {("output_bundle_verifies", False)},
+}
+
+
+def test_assets_form_one_chain_in_one_group_with_descriptions_kinds_and_code_versions():
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == set(CHAIN)
+    for upstream, name in zip([None, *CHAIN], CHAIN, strict=False):
+        node = graph.get(dg.AssetKey(name))
+        parents = {p.to_user_string() for p in node.parent_keys}
+        assert parents == ({upstream} if upstream else set()), name
+        assert node.group_name == CHAIN_GROUP
+        assert node.description and node.code_version and node.kinds, name
+
+
+def test_checks_jobs_schedule_and_sensor():
+    graph = defs.resolve_asset_graph()
+    found: dict[str, set] = {}
+    for key in graph.asset_check_keys:
+        spec = graph.get_check_spec(key)
+        found.setdefault(key.asset_key.to_user_string(), set()).add((key.name, spec.blocking))
+    assert found == CHECKS
+    assert defs.resolve_job_def("compute_chain_job") is not None
+    assert defs.resolve_job_def("resubmit_outstanding_job") is not None
+    schedule = defs.resolve_schedule_def("compute_chain_schedule")
+    assert schedule.job_name == "compute_chain_job" and schedule.execution_timezone == "UTC"
+    sensor = defs.resolve_sensor_def("compute_partial_sensor")
+    assert {j.name for j in sensor.jobs} == {"compute_chain_job", "resubmit_outstanding_job"}
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_every_resource_an_asset_needs_is_provided():
+    # Dagster raises on a missing resource key when the jobs are resolved.
+    names = {j.name for j in build_definitions().resolve_all_job_defs()}
+    assert {"compute_chain_job", "resubmit_outstanding_job"} <= names
