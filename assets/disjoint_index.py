@@ -3,11 +3,10 @@
 import dagster as dg
 
 from assets import metadata as md
-from assets.refs import IndexRef, SnapshotRef
+from assets.refs import IndexRef, SnapshotRef, verify_snapshot
 from pipeline.coverage import plan_split
 from pipeline.index import Index
 from pipeline.jobs import CHAIN_GROUP
-from pipeline.verify import verify
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
@@ -37,7 +36,7 @@ def disjoint_index(
     chain_settings: ChainSettings,
 ):
     """Build and save the index; report per-owner sizes and prove the split covers every item."""
-    snapshot = verify(verified_snapshot.path, trusted=bundle_store.store().trusted)
+    snapshot = verify_snapshot(verified_snapshot, bundle_store.store().trusted)
     index = Index.from_snapshot(snapshot)
     out = chain_settings.artifacts() / "disjoint_index" / context.run.run_id
     out.mkdir(parents=True, exist_ok=True)

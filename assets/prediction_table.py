@@ -6,14 +6,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from assets import metadata as md
-from assets.refs import PredictionRef, TrainingRef
+from assets.refs import PredictionRef, TrainingRef, load_index
 from pipeline import format as fmt
 from pipeline.fsutil import atomic_write_bytes
-from pipeline.index import Index
 from pipeline.jobs import CHAIN_GROUP
 from pipeline.manifest import Schema
 from pipeline.train import predict
-from pipeline.verify import verify
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
@@ -43,8 +41,8 @@ def prediction_table(
 ):
     """Predict with the checkpoint over the whole index and write the table as Parquet."""
     ref = training_run.index
-    snapshot = verify(ref.snapshot.path, trusted=bundle_store.store().trusted)
-    index = Index.load(ref.path, snapshot=snapshot)
+    index = load_index(ref, bundle_store.store().trusted)
+    snapshot = index.snapshot
     table = predict(index, training_run.checkpoint)
     out = chain_settings.artifacts() / "prediction_table" / context.run.run_id
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ bundle cache and the artifacts directory, where every file is named by what it c
 
 from dataclasses import dataclass
 
+from pipeline.index import Index
 from pipeline.manifest import Manifest, SnapshotId
+from pipeline.verify import TrustFn, VerifiedSnapshot, verify
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,16 @@ class IndexRef:
     path: str
     digest: str
     snapshot: SnapshotRef
+
+
+def load_index(ref: IndexRef, trusted: TrustFn) -> Index:
+    """Bind a saved index to its bundle, verified again (the cache vouches for what it hashed)."""
+    return Index.load(ref.path, snapshot=verify_snapshot(ref.snapshot, trusted))
+
+
+def verify_snapshot(ref: SnapshotRef, trusted: TrustFn) -> VerifiedSnapshot:
+    """Verify the cached bundle a step received; only a VerifiedSnapshot reaches the readers."""
+    return verify(ref.path, trusted=trusted)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ import dagster as dg
 
 from assets import charts
 from assets import metadata as md
-from assets.refs import IndexRef, TrainingRef
+from assets.refs import IndexRef, TrainingRef, load_index
 from pipeline.index import Index
 from pipeline.jobs import CHAIN_GROUP
 from pipeline.records import TrainingRecord, write_record
 from pipeline.train import TrainConfig, fit, save_checkpoint
-from pipeline.verify import verify
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
@@ -104,8 +103,8 @@ def training_run(
     out = chain_settings.artifacts() / "training_run" / context.run.run_id
     out.mkdir(parents=True, exist_ok=True)
     world = chain_settings.world_size
-    snapshot = verify(disjoint_index.snapshot.path, trusted=bundle_store.store().trusted)
-    index = Index.load(disjoint_index.path, snapshot=snapshot)
+    index = load_index(disjoint_index, bundle_store.store().trusted)
+    snapshot = index.snapshot
     reported: dict = {}
     if world == 1:
         outcome = _train_in_process(index, train_config, out, context.log.info)
