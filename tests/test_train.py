@@ -1,5 +1,9 @@
 """The training core on its own: features from the manifest, hold-out by id, fit, predict."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -71,6 +75,25 @@ def test_holdout_is_a_function_of_the_id_alone():
     again = holdout_mask(list(reversed(ids)), 20)
     assert torch.equal(mask, again.flip(0))  # order, seed and process never move an item
     assert not holdout_mask(ids, 0).any()
+
+
+def test_holdout_is_the_same_in_every_process():
+    """Python's str hash is salted per process; a split built on it would differ by rank."""
+    code = (
+        "from pipeline.train import holdout_mask;"
+        "print(''.join('1' if b else '0' for b in holdout_mask([f'i{n}' for n in range(300)], 20)))"
+    )
+    masks = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(masks) == 1 and "1" in masks.pop()
 
 
 def test_fit_learns_reconciles_and_predicts_every_item(index, tmp_path):
