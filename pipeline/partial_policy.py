@@ -23,6 +23,7 @@ class Policy(BaseModel):
     base_delay_seconds: float = Field(default=5.0, ge=0)
     backoff: float = Field(default=2.0, ge=1)
     train_on_partial: bool = False
+    max_resubmit_retries: int = Field(default=3, ge=0)
 
     def delay_before(self, attempt: int) -> float:
         """Seconds to wait after attempt ``attempt`` turned out PARTIAL before resubmitting."""
@@ -35,6 +36,7 @@ class JobCursor(BaseModel):
     chain_requested: list[str] = Field(default_factory=list)
     resubmit_requested: dict[str, float] = Field(default_factory=dict)  # version -> when
     first_seen: dict[str, float] = Field(default_factory=dict)  # version -> when
+    resubmit_retries: dict[str, int] = Field(default_factory=dict)  # version -> retries requested
 
 
 class Cursor(BaseModel):
@@ -62,6 +64,10 @@ class Observed:
     latest_version_id: str | None
     outstanding: int = 0
     message: str | None = None
+    #: Runs of the resubmission job for ``latest_version_id``: how many failed, whether any is
+    #: still queued or running (read from the Dagster instance by the sensor).
+    resubmit_failures: int = 0
+    resubmit_active: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,14 @@ class Action:
     version_id: str
     attempt: int
     allow_partial: bool = False
+    retry: int = 0
 
     @property
     def run_key(self) -> str:
-        """Unique per (what, job, version): repeated ticks and restarts never launch it twice."""
+        """Unique per (what, job, version, retry): repeated ticks never launch it twice."""
         suffix = ":partial" if self.allow_partial else ""
+        if self.retry:
+            suffix += f":retry{self.retry}"
         return f"{self.kind}:{self.job_id}:{self.version_id}{suffix}"
 
 
@@ -111,8 +120,7 @@ def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) ->
     # PARTIAL: resubmit the outstanding items once per version, with a growing delay.
     cursor.first_seen.setdefault(v, now)
     if v in cursor.resubmit_requested:
-        d.reasons.append(f"{job}: resubmitted {v}; waiting for the newer manifest")
-        return d
+        return _after_resubmit(observed, cursor, policy, d)
     if observed.attempt >= policy.max_attempts:
         why = (
             f"{job}: PARTIAL after {observed.attempt}/{policy.max_attempts} attempts, "
@@ -135,4 +143,29 @@ def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) ->
         return d
     cursor.resubmit_requested[v] = now
     d.actions.append(Action("resubmit", job, v, observed.attempt))
+    return d
+
+
+def _after_resubmit(observed: Observed, cursor: JobCursor, policy: Policy, d: Decision) -> Decision:
+    """The version was resubmitted: wait for the newer manifest, or retry a failed resubmission.
+
+    A failed resubmission run (Compute down longer than the op's own retries) would otherwise
+    leave the job PARTIAL forever, its run key spent. A retry gets a run key of its own and
+    reuses the version's idempotency key, so Compute still runs the outstanding items only once.
+    """
+    job, v = observed.job_id, observed.latest_version_id
+    assert v is not None
+    retries = cursor.resubmit_retries.get(v, 0)
+    requested = 1 + retries
+    if observed.resubmit_active or observed.resubmit_failures < requested:
+        d.reasons.append(f"{job}: resubmitted {v}; waiting for the newer manifest")
+        return d
+    if retries >= policy.max_resubmit_retries:
+        d.reasons.append(
+            f"{job}: the resubmission of {v} failed {observed.resubmit_failures} time(s); not "
+            "retrying past max_resubmit_retries — re-execute the failed run from the UI"
+        )
+        return d
+    cursor.resubmit_retries[v] = retries + 1
+    d.actions.append(Action("resubmit", job, v, observed.attempt, retry=retries + 1))
     return d

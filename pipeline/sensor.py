@@ -34,6 +34,7 @@ def _tags(action: Action) -> dict[str, str]:
         "lithi/attempt": str(action.attempt),
         "lithi/trigger": "newer_manifest" if action.kind == "chain" else "partial_resubmit",
         "lithi/allow_partial": str(action.allow_partial).lower(),
+        "lithi/retry": str(action.retry),
     }
 
 
@@ -52,6 +53,26 @@ def run_request_for(action: Action) -> dg.RunRequest:
         run_config=resubmit_run_config(action.job_id, action.version_id),
         tags=_tags(action),
     )
+
+
+def _resubmit_runs(
+    instance: dg.DagsterInstance | None, job_id: str, version_id: str | None
+) -> tuple[int, bool]:
+    """How many resubmission runs for this version failed, and whether one is still going."""
+    if instance is None or version_id is None:
+        return 0, False
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=RESUBMIT_JOB_NAME,
+            tags={"lithi/job_id": job_id, "lithi/version_id": version_id},
+        )
+    )
+    failed = sum(r.status == dg.DagsterRunStatus.FAILURE for r in runs)
+    active = any(r.status not in FINISHED for r in runs)
+    return failed, active
+
+
+FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 def evaluate(
@@ -78,6 +99,7 @@ def evaluate(
             # An unknown or refused job is reported, not raised: it must not stall the others.
             reasons.append(f"{job_id}: Compute refused the status call ({type(e).__name__}: {e})")
             continue
+        failures, active = _resubmit_runs(context.instance, job_id, status.latest_version_id)
         observed = Observed(
             job_id=job_id,
             state=status.state,
@@ -85,6 +107,8 @@ def evaluate(
             latest_version_id=status.latest_version_id,
             outstanding=status.outstanding,
             message=status.message,
+            resubmit_failures=failures,
+            resubmit_active=active,
         )
         job_cursor = cursor.jobs.setdefault(job_id, JobCursor())
         decision = decide(observed, job_cursor, policy, now)

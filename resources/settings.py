@@ -30,6 +30,7 @@ class ChainSettings(dg.ConfigurableResource):
     max_attempts: int = 3
     base_delay_seconds: float = 5.0
     train_on_partial: bool = False
+    max_resubmit_retries: int = 3  # new runs for a resubmission run that failed
     artifacts_dir: str = ""  # empty means LITHI_HOME/artifacts
     credential_ref: str = ""  # registered reference used to download result bundles, if any
     world_size: int = 1  # training ranks: 1 trains in the step's process, >1 through torchrun
@@ -45,6 +46,7 @@ class ChainSettings(dg.ConfigurableResource):
             max_attempts=int(env.get("LITHI_MAX_ATTEMPTS", "3")),
             base_delay_seconds=float(env.get("LITHI_RESUBMIT_DELAY_SECONDS", "5")),
             train_on_partial=env.get("LITHI_TRAIN_ON_PARTIAL", "").lower() in ("1", "true", "yes"),
+            max_resubmit_retries=int(env.get("LITHI_MAX_RESUBMIT_RETRIES", "3")),
             artifacts_dir=env.get("LITHI_ARTIFACTS_DIR", ""),
             credential_ref=env.get("LITHI_CREDENTIAL_REF", ""),
             world_size=int(env.get("LITHI_WORLD_SIZE", "1")),
@@ -57,6 +59,7 @@ class ChainSettings(dg.ConfigurableResource):
             max_attempts=self.max_attempts,
             base_delay_seconds=self.base_delay_seconds,
             train_on_partial=self.train_on_partial,
+            max_resubmit_retries=self.max_resubmit_retries,
         )
 
     def resolve_job(self, client: ComputeClient) -> str | None:

@@ -215,3 +215,32 @@ def test_any_tick_sequence_requests_each_run_key_at_most_once(ticks, train_on_pa
         cursor = Cursor.from_json(Cursor(jobs={JOB: cursor}).to_json()).jobs[JOB]
     assert len(keys) == len(set(keys))
     assert not any(k.startswith(f"resubmit:{JOB}:{V3}") for k in keys)  # 3/3: never resubmitted
+
+
+# -- a resubmission run that failed ----------------------------------------------------------
+
+
+def _resubmitted(cursor: JobCursor) -> JobCursor:
+    decide(partial(), cursor, Policy(base_delay_seconds=0), now=0.0)
+    assert V1 in cursor.resubmit_requested
+    return cursor
+
+
+def test_a_failed_resubmission_run_is_retried_under_a_new_run_key_up_to_the_limit():
+    policy = Policy(base_delay_seconds=0, max_resubmit_retries=2)
+    cursor = _resubmitted(JobCursor())
+    keys = []
+    for failures in (1, 1, 2, 2, 3, 3):
+        seen = Observed(JOB, "PARTIAL", 1, V1, outstanding=54, resubmit_failures=failures)
+        d = decide(seen, cursor, policy, now=1.0)
+        keys += [a.run_key for a in d.actions]
+    # One retry per failure seen, never one while the last retry has not failed yet.
+    assert keys == [f"resubmit:{JOB}:{V1}:retry1", f"resubmit:{JOB}:{V1}:retry2"]
+    assert "re-execute the failed run" in d.reasons[0]
+
+
+def test_no_retry_while_a_resubmission_run_is_still_going():
+    cursor = _resubmitted(JobCursor())
+    seen = Observed(JOB, "PARTIAL", 1, V1, resubmit_failures=1, resubmit_active=True)
+    d = decide(seen, cursor, Policy(base_delay_seconds=0), now=1.0)
+    assert d.actions == [] and "waiting for the newer manifest" in d.reasons[0]

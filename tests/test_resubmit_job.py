@@ -1,14 +1,16 @@
 """The resubmission job: a transient Compute error is retried by Dagster, never doubled."""
 
 import dagster as dg
+from dagster._core.storage.tags import RUN_KEY_TAG
 
 from pipeline.jobs import resubmit_job, resubmit_run_config
-from resources.compute.client import ComputeUnavailable
+from pipeline.sensor import evaluate
+from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
-from tests.chain_fixtures import sample_job
+from tests.chain_fixtures import chain_resources, sample_job
 
 FLAKY_CALLS: list[str] = []
 
@@ -56,3 +58,54 @@ def test_transient_error_is_retried_and_resubmits_once(tmp_path, monkeypatch):
     status = compute.status(job)
     assert status.state == "SUCCEEDED" and status.versions[0] == v1
     assert result.output_for_node("resubmit_outstanding") == 2
+
+
+class DownCompute(LocalCompute):
+    """Refuses every resubmission, as a Compute outage longer than the op's retries would."""
+
+    def resubmit(self, job_id, *, from_version_id, idempotency_key):
+        raise ComputeError("Compute is down for maintenance")
+
+
+class DownComputeResource(ComputeResource):
+    def client(self) -> LocalCompute:
+        return DownCompute(self.root, "inline")
+
+
+def test_a_failed_resubmission_run_is_retried_by_the_sensor(tmp_path):
+    job = sample_job(tmp_path, "wine", FaultSpec(lose_fraction=0.3))
+    compute = LocalCompute(tmp_path / "compute", "inline")
+    v1 = compute.status(job).latest_version_id
+    healthy = chain_resources(tmp_path, job, base_delay_seconds=0)
+    down = {**healthy, "compute": DownComputeResource(root=str(tmp_path / "compute"))}
+
+    def tick(instance, resources, cursor):
+        with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
+            return evaluate(context, resources["compute"], resources["chain_settings"], now=1.0)
+
+    def launch(instance, resources, request):
+        tags = {**request.tags, RUN_KEY_TAG: request.run_key}
+        return resubmit_job.execute_in_process(
+            run_config=request.run_config,
+            resources={k: resources[k] for k in ("compute", "bundle_store")},
+            instance=instance,
+            tags=tags,
+            raise_on_error=False,
+        )
+
+    with dg.instance_for_test() as instance:
+        first = tick(instance, healthy, None)
+        (request,) = first.run_requests
+        assert not launch(instance, down, request).success  # the outage outlasts the op
+        second = tick(instance, healthy, first.cursor)
+        (retry,) = second.run_requests
+        assert retry.run_key == f"resubmit:{job}:{v1}:retry1"
+        assert tick(instance, healthy, second.cursor).run_requests == []  # not yet failed
+        assert launch(instance, healthy, retry).success
+        third = tick(instance, healthy, second.cursor)
+    (chain,) = third.run_requests
+    status = compute.status(job)
+    assert (
+        status.state == "SUCCEEDED" and chain.run_key == f"chain:{job}:{status.latest_version_id}"
+    )
+    assert [a.number for a in JobStore(tmp_path / "compute").load(job).attempts] == [1, 2]
