@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.datasets import MapDataset, OwnerSampler, collate_batches  # noqa: E402
 from pipeline.index import Index  # noqa: E402
-from pipeline.loader import make_loader, set_epoch  # noqa: E402
+from pipeline.loader import auto_transfer, make_loader, set_epoch  # noqa: E402
 from pipeline.manifest import InputRef, JobInfo  # noqa: E402
 from pipeline.stage import stage  # noqa: E402
 from pipeline.tensors import to_batch  # noqa: E402
@@ -40,7 +40,7 @@ from pipeline.verify import verify  # noqa: E402
 OUT = Path(__file__).with_name("out")
 BATCH = 256
 WORKERS = 2
-TRANSFER = 16  # batches per worker message (see make_loader's transfer_batches)
+TRANSFER = auto_transfer(BATCH)  # make_loader's default batches per worker message
 FEATURES = 64
 STATUSES = np.array(["accepted", "failed", "abstained"])
 
@@ -157,7 +157,7 @@ def main() -> None:
     results: dict[str, float] = {}
     results["raw pyarrow decode limit (1 process)"] = raw_limit(index)
     for k in (1, TRANSFER):
-        tag = f"transfer_batches={k}"
+        tag = f"transfer_batches={k}" + (" (default)" if k == TRANSFER else "")
         kw = dict(batch_size=BATCH, num_workers=WORKERS, transfer_batches=k)
         m = make_loader(index, style="map", shuffle=True, **kw)
         results[f"map-style shuffled, epoch 1 (cold), {tag}"] = loader_rate(m)

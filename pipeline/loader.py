@@ -18,6 +18,15 @@ from torch.utils.data import DataLoader
 from pipeline.datasets import MapDataset, OwnerSampler, PartIterableDataset, collate_batches
 from pipeline.index import Index
 
+#: Rows a worker sends the main process per message by default: large enough that torch's
+#: fixed cost per message (one shared-memory segment per tensor) stops dominating.
+TRANSFER_ROWS = 4096
+
+
+def auto_transfer(batch_size: int) -> int:
+    """How many batches of ``batch_size`` make one worker message of about ``TRANSFER_ROWS``."""
+    return max(1, TRANSFER_ROWS // batch_size)
+
 
 def make_loader(
     index: Index,
@@ -31,7 +40,7 @@ def make_loader(
     rank: int | None = None,
     world_size: int | None = None,
     drop_last: bool = False,
-    transfer_batches: int = 1,
+    transfer_batches: int | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader | SplitLoader:
     """A DataLoader over this rank's share of ``index``; call ``set_epoch`` via :func:`set_epoch`.
@@ -42,7 +51,14 @@ def make_loader(
     the main process cut them into ``batch_size`` batches (:class:`SplitLoader`): torch pays a
     fixed cost per worker message (a shared-memory segment per tensor), so this is what makes
     batch 256 run near decode speed. The batches, their order and ownership are unchanged.
+    The default (``None``) ships about :data:`TRANSFER_ROWS` rows per message when there are
+    worker processes, and plain batches otherwise or with ``drop_last`` (whose meaning would
+    change with larger messages); ``transfer_batches=1`` returns a plain ``DataLoader``.
     """
+    if transfer_batches is None:
+        transfer_batches = 1 if num_workers == 0 or drop_last else auto_transfer(batch_size)
+    if transfer_batches > 1 and drop_last:
+        raise ValueError("transfer_batches > 1 would change what drop_last drops; use 1")
     if transfer_batches > 1:
         inner = make_loader(
             index,

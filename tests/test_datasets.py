@@ -271,7 +271,7 @@ def test_a_verified_snapshot_is_accepted_directly(index):
 @pytest.mark.parametrize("style", ["map", "iterable"])
 def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
     kw = dict(style=style, batch_size=32, num_workers=2, rank=1, world_size=2, seed=4)
-    plain = [b["item_id"] for b in make_loader(index, **kw)]
+    plain = [b["item_id"] for b in make_loader(index, transfer_batches=1, **kw)]
     split = make_loader(index, transfer_batches=4, **kw)
     set_epoch(split, 0)
     grouped = [b["item_id"] for b in split]
@@ -281,3 +281,16 @@ def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
         assert grouped == plain
     assert sorted(x for b in grouped for x in b) == sorted(x for b in plain for x in b)
     assert len({x for b in grouped for x in b}) == sum(map(len, grouped))
+
+
+def test_default_transfer_batches_follows_the_worker_count(index):
+    from torch.utils.data import DataLoader
+
+    from pipeline.loader import TRANSFER_ROWS, SplitLoader
+
+    fast = make_loader(index, batch_size=64, num_workers=2)
+    assert isinstance(fast, SplitLoader) and fast.loader.batch_size == TRANSFER_ROWS
+    assert isinstance(make_loader(index, batch_size=64, num_workers=0), DataLoader)
+    assert isinstance(make_loader(index, batch_size=64, num_workers=2, drop_last=True), DataLoader)
+    with pytest.raises(ValueError, match="drop_last"):
+        make_loader(index, num_workers=2, drop_last=True, transfer_batches=4)
