@@ -17,7 +17,7 @@ from assets.refs import IndexRef, TrainingRef, load_index
 from pipeline.index import Index
 from pipeline.jobs import CHAIN_GROUP
 from pipeline.records import TrainingRecord, write_record
-from pipeline.train import TrainConfig, fit, save_checkpoint
+from pipeline.train import TrainConfig, fit, outcome_summary, save_checkpoint
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
@@ -41,14 +41,7 @@ class TrainingConfig(dg.Config):
 
 def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> dict:
     outcome = fit(index, config, rank=0, world_size=1, log=log)
-    digest = save_checkpoint(outcome, config, out / "model.pt")
-    return {
-        "checkpoint_sha256": digest,
-        "loss_curve": outcome.loss_curve,
-        "metrics": outcome.metrics,
-        "report": outcome.report.as_dict(),
-        "world_size": 1,
-    }
+    return outcome_summary(outcome, save_checkpoint(outcome, config, out / "model.pt"), 1)
 
 
 def _train_torchrun(

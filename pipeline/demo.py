@@ -25,7 +25,7 @@ import dagster as dg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME
+from pipeline.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, RESUBMIT_JOB_NAME
 from pipeline.records import read_record
 from resources import samples
 from resources.compute.client import JobSpec
@@ -33,8 +33,6 @@ from resources.compute.faults import FaultSpec
 from resources.compute.labeller import LABEL_COLUMN
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT, lithi_home
-
-FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 def submit_sample_job(
@@ -142,7 +140,7 @@ def wait_for_chain(
                 final
                 and run.job_name == CHAIN_JOB_NAME
                 and run.tags.get("lithi/version_id") == status.latest_version_id
-                and run.status in FINISHED
+                and run.status in FINISHED_RUN_STATUSES
             ):
                 return run
         time.sleep(1.0)

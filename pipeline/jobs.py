@@ -9,6 +9,11 @@ import dagster as dg
 from resources.compute.client import ComputeUnavailable
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 
+#: Run statuses after which a run does nothing more.
+FINISHED_RUN_STATUSES = frozenset(
+    {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+)
+
 CHAIN_GROUP = "compute_chain"
 CHAIN_JOB_NAME = "compute_chain_job"
 RESUBMIT_JOB_NAME = "resubmit_outstanding_job"

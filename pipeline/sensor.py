@@ -13,6 +13,7 @@ import dagster as dg
 
 from pipeline.jobs import (
     CHAIN_JOB_NAME,
+    FINISHED_RUN_STATUSES,
     RESUBMIT_JOB_NAME,
     chain_job,
     chain_run_config,
@@ -68,11 +69,8 @@ def _resubmit_runs(
         )
     )
     failed = sum(r.status == dg.DagsterRunStatus.FAILURE for r in runs)
-    active = any(r.status not in FINISHED for r in runs)
+    active = any(r.status not in FINISHED_RUN_STATUSES for r in runs)
     return failed, active
-
-
-FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 def evaluate(

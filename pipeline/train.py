@@ -333,6 +333,18 @@ def evaluate(
     }
 
 
+def outcome_summary(outcome: TrainOutcome, checkpoint_sha256: str, world_size: int) -> dict:
+    """Plain data about a finished, checkpointed run, the same whether one rank or many trained."""
+    return {
+        "checkpoint_sha256": checkpoint_sha256,
+        "loss_curve": outcome.loss_curve,
+        "metrics": outcome.metrics,
+        "report": outcome.report.as_dict(),
+        "spec": outcome.spec.model_dump(),
+        "world_size": world_size,
+    }
+
+
 def save_checkpoint(outcome: TrainOutcome, config: TrainConfig, path: str | os.PathLike) -> str:
     """Write the weights, feature spec and config atomically; return the file's sha256."""
     import io

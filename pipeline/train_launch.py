@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from pipeline.fsutil import atomic_write_text
 from pipeline.index import Index
-from pipeline.train import TrainConfig, fit, save_checkpoint
+from pipeline.train import TrainConfig, fit, outcome_summary, save_checkpoint
 from pipeline.verify import verify
 
 
@@ -56,14 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             out = Path(args.out)
             digest = save_checkpoint(outcome, config, out / "model.pt")
-            result = {
-                "checkpoint_sha256": digest,
-                "loss_curve": outcome.loss_curve,
-                "metrics": outcome.metrics,
-                "report": outcome.report.as_dict(),
-                "spec": outcome.spec.model_dump(),
-                "world_size": world,
-            }
+            result = outcome_summary(outcome, digest, world)
             atomic_write_text(out / "outcome.json", json.dumps(result, indent=2))
             if pipes is not None:
                 pipes.report_asset_materialization(
