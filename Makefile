@@ -20,12 +20,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 ## The main job end to end: stage digits, local Compute (PARTIAL first), daemon + sensor, chain.
 demo: $(STAMP)
-	$(BIN)/python -m pipeline.demo
+	$(BIN)/python -m pipeline.defs.demo
 
-## The whole test suite, linter first.
-test: $(STAMP) browser
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+## The whole test suite, linters first (ruff, then the import layering).
+test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -q
 
 ## Chromium from Debian for the browser test (skipped with a loud reason where it cannot start).
@@ -39,6 +37,7 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 ## The Dagster UI on the demo's instance.
 ui: $(STAMP)

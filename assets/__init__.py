@@ -1,5 +1,6 @@
 """The chain's assets, one module per link: each calls the reader core and returns metadata."""
 
+from assets._group import CHAIN_GROUP
 from assets.disjoint_index import disjoint_index
 from assets.output_bundle import output_bundle
 from assets.prediction_table import prediction_table
@@ -18,6 +19,7 @@ CHAIN_ASSETS = [
 
 __all__ = [
     "CHAIN_ASSETS",
+    "CHAIN_GROUP",
     "disjoint_index",
     "output_bundle",
     "prediction_table",

@@ -2,11 +2,11 @@
 
 import dagster as dg
 
-from assets import metadata as md
+from assets import _metadata as md
+from assets._group import CHAIN_GROUP
 from assets.refs import IndexRef, SnapshotRef, verify_snapshot
-from pipeline.coverage import plan_split
-from pipeline.index import Index
-from pipeline.jobs import CHAIN_GROUP
+from pipeline.readers.index import Index
+from pipeline.readers.split import plan_split
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 

@@ -5,13 +5,13 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from assets import metadata as md
+from assets import _metadata as md
+from assets._group import CHAIN_GROUP
 from assets.refs import OutputRef, PredictionRef
-from pipeline.jobs import CHAIN_GROUP
-from pipeline.manifest import InputRef
-from pipeline.records import OutputBundleRecord, read_record, write_record
-from pipeline.stage import new_version_id, stage
-from pipeline.verify import check
+from pipeline.bundle.manifest import InputRef
+from pipeline.bundle.stage import new_version_id, stage
+from pipeline.bundle.verify import check
+from pipeline.training.record import OutputBundleRecord, read_record, write_record
 from resources.settings import ChainSettings
 
 VERIFIES = "output_bundle_verifies"

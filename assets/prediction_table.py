@@ -5,13 +5,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from assets import metadata as md
+from assets import _metadata as md
+from assets._group import CHAIN_GROUP
 from assets.refs import PredictionRef, TrainingRef, load_index
-from pipeline import format as fmt
-from pipeline.fsutil import atomic_write_bytes
-from pipeline.jobs import CHAIN_GROUP
-from pipeline.manifest import Schema
-from pipeline.train import predict
+from pipeline.bundle import format as fmt
+from pipeline.bundle.atomic import atomic_write_bytes
+from pipeline.bundle.manifest import Schema
+from pipeline.training.predict import predict
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 

@@ -6,9 +6,9 @@ bundle cache and the artifacts directory, where every file is named by what it c
 
 from dataclasses import dataclass
 
-from pipeline.index import Index
-from pipeline.manifest import Manifest, SnapshotId
-from pipeline.verify import TrustFn, VerifiedSnapshot, verify
+from pipeline.bundle.manifest import Manifest, SnapshotId
+from pipeline.bundle.verify import TrustFn, VerifiedSnapshot, verify
+from pipeline.readers.index import Index
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-from assets import metadata as md
+from assets import _metadata as md
+from assets._group import CHAIN_GROUP
 from assets.refs import ManifestRef
-from pipeline.jobs import CHAIN_GROUP
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
 

@@ -4,20 +4,20 @@ The record names the exact data (snapshot identity, index digest) that produced 
 so the checkpoint can be reproduced rather than only re-attempted.
 """
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import dagster as dg
 
-from assets import charts
-from assets import metadata as md
+from assets import _charts as charts
+from assets import _metadata as md
+from assets._group import CHAIN_GROUP
 from assets.refs import IndexRef, TrainingRef, load_index
-from pipeline.index import Index
-from pipeline.jobs import CHAIN_GROUP
-from pipeline.records import TrainingRecord, write_record
-from pipeline.train import TrainConfig, fit, outcome_summary, save_checkpoint
+from pipeline.readers.index import Index
+from pipeline.training.fit import TrainConfig, TrainSummary, fit
+from pipeline.training.model import save_checkpoint
+from pipeline.training.record import TrainingRecord, write_record
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
@@ -39,9 +39,16 @@ class TrainingConfig(dg.Config):
     holdout_percent: int = 20
 
 
-def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> dict:
+def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> TrainSummary:
     outcome = fit(index, config, rank=0, world_size=1, log=log)
-    return outcome_summary(outcome, save_checkpoint(outcome, config, out / "model.pt"), 1)
+    digest = save_checkpoint(
+        out / "model.pt",
+        state_dict=outcome.state_dict,
+        spec=outcome.spec,
+        config=config.model_dump(),
+        hidden=config.hidden,
+    )
+    return TrainSummary.of(outcome, digest, 1)
 
 
 def _train_torchrun(
@@ -51,10 +58,10 @@ def _train_torchrun(
     config: TrainConfig,
     world: int,
     out: Path,
-) -> tuple[dict, dict]:
+) -> tuple[TrainSummary, dict]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(world), "-m", "pipeline.train_launch",
+        "--nproc-per-node", str(world), "-m", "pipeline.defs.train_launch",
         "--bundle", ref.snapshot.path, "--index", ref.path,
         "--config", config.model_dump_json(), "--out", str(out),
     ]  # fmt: skip
@@ -63,7 +70,7 @@ def _train_torchrun(
     reported: dict = {}
     for result in invocation.get_results():
         reported.update({f"pipes/{k}": v for k, v in (result.metadata or {}).items()})
-    return json.loads((out / "outcome.json").read_text()), reported
+    return TrainSummary.model_validate_json((out / "outcome.json").read_text()), reported
 
 
 @dg.asset(
@@ -105,50 +112,50 @@ def training_run(
         outcome, reported = _train_torchrun(
             context, pipes_subprocess_client, disjoint_index, train_config, world, out
         )
-    report = outcome["report"]
+    report = outcome.reconciliation.as_dict()
     record = TrainingRecord(
         snapshot=snapshot.identity,
         index_sha256=index.digest,
         index_path=disjoint_index.path,
         checkpoint_file="model.pt",
-        checkpoint_sha256=outcome["checkpoint_sha256"],
+        checkpoint_sha256=outcome.checkpoint_sha256,
         config=train_config.model_dump(),
         world_size=world,
-        metrics=outcome["metrics"],
-        loss_curve=outcome["loss_curve"],
+        metrics=outcome.metrics,
+        loss_curve=outcome.loss_curve,
         reconciliation=report,
     )
     record_path = write_record(out, record)
-    svg = charts.loss_svg(outcome["loss_curve"], out / "loss.svg")
+    svg = charts.loss_svg(outcome.loss_curve, out / "loss.svg")
     yield dg.AssetCheckResult(
         check_name=RECONCILES,
         passed=bool(report["ok"]),
         metadata={k: v for k, v in report.items() if isinstance(v, (int, float, str, bool))},
     )
-    metrics = outcome["metrics"]
+    metrics = outcome.metrics
     yield dg.Output(
         TrainingRef(
             checkpoint=str(out / "model.pt"),
-            checkpoint_sha256=outcome["checkpoint_sha256"],
+            checkpoint_sha256=outcome.checkpoint_sha256,
             record=str(record_path),
             index=disjoint_index,
         ),
         metadata={
             **md.identity("snapshot", snapshot.identity),
             "index_sha256": index.digest,
-            "checkpoint_sha256": outcome["checkpoint_sha256"],
+            "checkpoint_sha256": outcome.checkpoint_sha256,
             "checkpoint": dg.MetadataValue.path(str(out / "model.pt")),
             "record": dg.MetadataValue.path(str(record_path)),
             "record_json": dg.MetadataValue.json(record.model_dump(mode="json")),
             "loss_curve_chart": dg.MetadataValue.md(charts.svg_markdown(svg)),
-            "loss_curve": dg.MetadataValue.md(charts.loss_markdown(outcome["loss_curve"])),
+            "loss_curve": dg.MetadataValue.md(charts.loss_markdown(outcome.loss_curve)),
             "loss_curve_svg": dg.MetadataValue.path(str(svg)),
-            "final_loss": float(outcome["loss_curve"][-1]),
+            "final_loss": float(outcome.loss_curve[-1]),
             "holdout_accuracy": float(metrics["holdout_accuracy"]),
             "train_accuracy": float(metrics["train_accuracy"]),
             "world_size": world,
             "items_iterated": int(report["items_iterated"]),
             **reported,
         },
-        data_version=dg.DataVersion(outcome["checkpoint_sha256"]),
+        data_version=dg.DataVersion(outcome.checkpoint_sha256),
     )

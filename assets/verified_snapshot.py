@@ -2,11 +2,11 @@
 
 import dagster as dg
 
-from assets import metadata as md
+from assets import _metadata as md
+from assets._group import CHAIN_GROUP
 from assets.refs import ManifestRef, SnapshotRef
-from pipeline.errors import BundleError
-from pipeline.jobs import CHAIN_GROUP
-from pipeline.verify import check
+from pipeline.bundle.errors import BundleError
+from pipeline.bundle.verify import check
 from resources.dagster_resources import BundleStoreResource
 
 BINDS_EVERY_FILE = "manifest_binds_every_file"

@@ -29,13 +29,13 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.datasets import MapDataset, OwnerSampler, collate_batches  # noqa: E402
-from pipeline.index import Index  # noqa: E402
-from pipeline.loader import auto_transfer, make_loader, set_epoch  # noqa: E402
-from pipeline.manifest import InputRef, JobInfo  # noqa: E402
-from pipeline.stage import stage  # noqa: E402
-from pipeline.tensors import to_batch  # noqa: E402
-from pipeline.verify import verify  # noqa: E402
+from pipeline.bundle.manifest import InputRef, JobInfo  # noqa: E402
+from pipeline.bundle.stage import stage  # noqa: E402
+from pipeline.bundle.verify import verify  # noqa: E402
+from pipeline.readers import MapDataset, OwnerSampler, collate_batches  # noqa: E402
+from pipeline.readers.index import Index  # noqa: E402
+from pipeline.readers.loader import auto_transfer, make_loader, set_epoch  # noqa: E402
+from pipeline.readers.tensors import to_batch  # noqa: E402
 
 OUT = Path(__file__).with_name("out")
 BATCH = 256

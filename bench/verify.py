@@ -29,10 +29,10 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from pipeline.digest import cpu_count, sha256_files  # noqa: E402
-from pipeline.errors import BundleError  # noqa: E402
-from pipeline.stage import ROW_GROUP_ROWS, stage  # noqa: E402
-from pipeline.verify import verify  # noqa: E402
+from pipeline.bundle.digest import cpu_count, sha256_files  # noqa: E402
+from pipeline.bundle.errors import BundleError  # noqa: E402
+from pipeline.bundle.stage import ROW_GROUP_ROWS, stage  # noqa: E402
+from pipeline.bundle.verify import verify  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 DIM = 256  # "wide": one fixed_size_list<float32,256> embedding per item, ~1 KB a row

@@ -1,6 +1,13 @@
-"""The reader core: bundle format, staging, verification, index, split, datasets, reconcile.
+"""Train on Lithi Compute result bundles: the Dagster-free core, and the Dagster wiring apart.
 
-Everything importable from here needs only pyarrow, torch, numpy and pydantic. The Dagster
-wiring that lives in this package (``pipeline.definitions``, ``pipeline.sensor``,
-``pipeline.jobs``) is imported explicitly by Dagster and never from here.
+This package imports nothing on purpose (``lithi-bundle verify`` must never load torch); import
+from its subpackages, each of which says its dependencies:
+
+- :mod:`pipeline.bundle` — the on-disk contract: format, manifest, stage, verify (pyarrow and
+  pydantic only, no torch);
+- :mod:`pipeline.readers` — a verified snapshot to torch batches: index, split, datasets, loader,
+  reconcile;
+- :mod:`pipeline.training` — the reference trainer (pure torch, no Dagster);
+- :mod:`pipeline.cli` — ``lithi-bundle``;
+- :mod:`pipeline.defs` — the only part that imports Dagster: definitions, jobs, sensor, demo.
 """

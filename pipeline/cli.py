@@ -19,10 +19,11 @@ from typing import Any, TextIO
 
 import pyarrow.parquet as pq
 
-from pipeline.errors import BundleError
-from pipeline.manifest import InputRef, JobInfo, Manifest
-from pipeline.stage import DEFAULT_ROWS_PER_PART, ROW_GROUP_ROWS, stage
-from pipeline.verify import VerifyStats, check, read_manifest, verify
+from pipeline.bundle.atomic import atomic_write_text
+from pipeline.bundle.errors import BundleError
+from pipeline.bundle.manifest import InputRef, JobInfo, Manifest, json_schema_text
+from pipeline.bundle.stage import DEFAULT_ROWS_PER_PART, ROW_GROUP_ROWS, stage
+from pipeline.bundle.verify import VerifyStats, check, read_manifest, verify
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -106,6 +107,16 @@ def _parser() -> argparse.ArgumentParser:
         help="Parquet file whose id column lists items without a result (makes it PARTIAL)",
     )
     s.set_defaults(run=_cmd_stage)
+
+    sc = sub.add_parser(
+        "schema",
+        help="write the manifest JSON Schema (docs/result-manifest.schema.json)",
+        description="Regenerate the checked-in JSON Schema from the manifest model, or with "
+        "--check exit 1 if the file is out of date.",
+    )
+    sc.add_argument("path", nargs="?", type=Path, default=_repo_root() / SCHEMA_DOC)
+    sc.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    sc.set_defaults(run=_cmd_schema)
     return ap
 
 
@@ -322,6 +333,31 @@ def _job(args: argparse.Namespace) -> tuple[JobInfo | None, Any]:
     except ValueError as e:
         raise UsageError(f"bad job description: {e}") from None
     return job, outstanding
+
+
+# --- schema ---------------------------------------------------------------------------------
+
+#: Where the generated JSON Schema is checked in, relative to the repository root.
+SCHEMA_DOC = "docs/result-manifest.schema.json"
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    text = json_schema_text()
+    path: Path = args.path
+    current = path.read_text() if path.exists() else ""
+    if args.check:
+        if current != text:
+            print(f"{path} is out of date: run lithi-bundle schema", file=sys.stderr)
+            return EXIT_INVALID
+        return EXIT_OK
+    if current != text:
+        atomic_write_text(path, text)
+    print(f"{path}: {'written' if current != text else 'up to date'}")
+    return EXIT_OK
 
 
 # --- progress -------------------------------------------------------------------------------

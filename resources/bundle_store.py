@@ -5,7 +5,7 @@ every bound file lands in ``objects/<sha256>`` after its digest and size are che
 and a ledger entry records that it was hashed on arrival. A bundle is then materialised as a view
 ``bundles/<version_id>/`` of hard links to those objects, so a newer version that binds parts an
 older one already had costs only its new parts in download and in hashing: :meth:`trusted` lets
-``pipeline.verify.verify`` skip files that are provably the verified objects.
+``pipeline.bundle.verify.verify`` skip files that are provably the verified objects.
 """
 
 from __future__ import annotations
@@ -22,11 +22,16 @@ from pathlib import Path
 
 import fsspec
 
-from pipeline import format as fmt
-from pipeline.digest import sha256_file
-from pipeline.errors import DigestMismatch, IncompleteBundle, SizeMismatch, UnsafePath
-from pipeline.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, rename_noreplace
-from pipeline.manifest import FileEntry, Manifest, parse_manifest
+from pipeline.bundle import format as fmt
+from pipeline.bundle.atomic import (
+    atomic_write_bytes,
+    atomic_write_text,
+    fsync_dir,
+    rename_noreplace,
+)
+from pipeline.bundle.digest import sha256_file
+from pipeline.bundle.errors import DigestMismatch, IncompleteBundle, SizeMismatch, UnsafePath
+from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
 from resources.credentials import CredentialRegistry, UnknownCredential
 
 _COPY_CHUNK = 4 * 1024 * 1024

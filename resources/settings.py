@@ -11,7 +11,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.partial_policy import Policy
 from resources.compute.client import ComputeClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +50,6 @@ class ChainSettings(dg.ConfigurableResource):
             credential_ref=env.get("LITHI_CREDENTIAL_REF", ""),
             world_size=int(env.get("LITHI_WORLD_SIZE", "1")),
             num_workers=int(env.get("LITHI_NUM_WORKERS", "2")),
-        )
-
-    def policy(self) -> Policy:
-        """The sensor's policy for PARTIAL jobs."""
-        return Policy(
-            max_attempts=self.max_attempts,
-            base_delay_seconds=self.base_delay_seconds,
-            train_on_partial=self.train_on_partial,
-            max_resubmit_retries=self.max_resubmit_retries,
         )
 
     def resolve_job(self, client: ComputeClient) -> str | None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import format as fmt
-from pipeline.digest import content_sha256, sha256_file
-from pipeline.manifest import InputRef, JobInfo
-from pipeline.stage import stage
-from pipeline.verify import VerifiedSnapshot, check
+from pipeline.bundle import format as fmt
+from pipeline.bundle.digest import content_sha256, sha256_file
+from pipeline.bundle.manifest import InputRef, JobInfo
+from pipeline.bundle.stage import stage
+from pipeline.bundle.verify import VerifiedSnapshot, check
 
 INPUT_REF = InputRef(version_id="input-v1", content_sha256="a" * 64)
 

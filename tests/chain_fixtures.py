@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.demo import submit_sample_job
+from pipeline.defs.demo import submit_sample_job
 from resources.compute.faults import FaultSpec
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings

@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pipeline.definitions import build_definitions
-from pipeline.jobs import CHAIN_JOB_NAME, chain_run_config
+from pipeline.defs.definitions import build_definitions
+from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT
 from tests.chain_fixtures import FAST_TRAINING, chain_resources, sample_job
@@ -57,11 +57,12 @@ class LineageInstance:
 
 
 def write_workspace(path: Path) -> Path:
-    """A workspace file loading ``pipeline.definitions`` with the repo root as working dir."""
+    """A workspace file loading ``pipeline.defs.definitions`` with the repo root as working dir."""
     path.write_text(
         "load_from:\n"
         "  - python_module:\n"
-        "      module_name: pipeline.definitions\n"
+        "      module_name: pipeline.defs.definitions\n"
+        "      location_name: lithi-train\n"
         f"      working_directory: {REPO_ROOT}\n"
     )
     return path
@@ -85,7 +86,7 @@ def build_lineage_instance(root: Path, sample: str = "digits") -> LineageInstanc
 
     run_config = chain_run_config(job_id, version_id)
     run_config["ops"].update(FAST_TRAINING["ops"])
-    # The tags the sensor puts on a rebuild from a newer manifest (pipeline.sensor._tags).
+    # The tags the sensor puts on a rebuild from a newer manifest (pipeline.defs.sensor._tags).
     tags = {
         "lithi/job_id": job_id,
         "lithi/version_id": version_id,

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.manifest import InputRef, JobInfo
-from pipeline.stage import ReusedPart, stage
-from pipeline.verify import VerifiedSnapshot, verify
+from pipeline.bundle.manifest import InputRef, JobInfo
+from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.verify import VerifiedSnapshot, verify
 
 STATUS_CYCLE = ("accepted", "accepted", "failed", "abstained")
 

@@ -7,10 +7,10 @@ import os
 import pyarrow as pa
 import pytest
 
-from pipeline import format as fmt
-from pipeline.errors import DigestMismatch, IncompleteBundle
-from pipeline.stage import ReusedPart, stage
-from pipeline.verify import verify
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import DigestMismatch, IncompleteBundle
+from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.verify import verify
 from resources.bundle_store import BundleStore
 
 
@@ -154,10 +154,10 @@ def test_an_existing_view_with_other_content_is_refused(tmp_path, bundle):
 
 
 def test_rebuild_after_resubmitting_5_percent_hashes_about_5_percent(tmp_path):
+    from pipeline.defs.samples import stage_sample
     from resources.compute.client import JobSpec
     from resources.compute.faults import FaultSpec
     from resources.compute.local import LocalCompute
-    from resources.samples import stage_sample
 
     inp, ref = stage_sample("digits", tmp_path / "staged")
     compute = LocalCompute(tmp_path / "compute", executor="inline")

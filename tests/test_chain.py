@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from assets import CHAIN_ASSETS
+from pipeline.bundle.verify import verify
 from pipeline.cli import main as bundle_cli
-from pipeline.records import read_record
-from pipeline.verify import verify
+from pipeline.training.record import read_record
 from tests.chain_fixtures import FAST_TRAINING, chain_resources, sample_job
 
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from bundle_helpers import input_table, make_input, result_table
 
-from pipeline import format as fmt
+from pipeline.bundle import format as fmt
+from pipeline.bundle.verify import verify
 from pipeline.cli import _progress_bar, main
-from pipeline.verify import verify
 
 
 @pytest.fixture

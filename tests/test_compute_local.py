@@ -12,8 +12,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import format as fmt
-from pipeline.verify import verify
+from pipeline.bundle import format as fmt
+from pipeline.bundle.verify import verify
+from pipeline.defs.samples import stage_sample, truth_table
 from resources.compute.client import (
     ComputeError,
     ComputeUnavailable,
@@ -24,7 +25,6 @@ from resources.compute.client import (
 from resources.compute.faults import FaultSpec, lost_items
 from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
-from resources.samples import stage_sample, truth_table
 
 
 @pytest.fixture(scope="module")

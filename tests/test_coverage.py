@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline import split
-from pipeline.coverage import plan_split
+from pipeline.readers import split
+from pipeline.readers.split import plan_split
 
 
 @pytest.mark.parametrize(("n", "world", "workers"), [(1009, 2, 2), (5, 8, 3), (0, 3, 0)])

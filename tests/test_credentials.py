@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from fake_remote import PROTOCOL, SecureFakeFS, serve, stop
 
-from pipeline.errors import IncompleteBundle
-from pipeline.stage import stage
-from pipeline.verify import verify
+from pipeline.bundle.errors import IncompleteBundle
+from pipeline.bundle.stage import stage
+from pipeline.bundle.verify import verify
 from resources.bundle_store import BundleStore
 from resources.credentials import (
     CredentialRegistry,
@@ -121,9 +121,9 @@ def test_no_manifest_on_the_remote_reads_nothing_else(tmp_path, remote, monkeypa
 
 
 def test_compute_reads_a_remote_input_through_its_credential_ref(tmp_path, monkeypatch):
+    from pipeline.defs.samples import stage_sample
     from resources.compute.client import ComputeError, JobSpec
     from resources.compute.local import LocalCompute
-    from resources.samples import stage_sample
 
     served = tmp_path / "remote"
     inp, ref = stage_sample("wine", served)

@@ -14,10 +14,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.demo import start_daemon, stop_daemon, submit_sample_job, summarize, wait_for_chain
-from pipeline.jobs import CHAIN_JOB_NAME
-from pipeline.verify import verify
-from resources import samples
+from pipeline.bundle.verify import verify
+from pipeline.defs import samples
+from pipeline.defs.demo import (
+    start_daemon,
+    stop_daemon,
+    submit_sample_job,
+    summarize,
+    wait_for_chain,
+)
+from pipeline.defs.jobs import CHAIN_JOB_NAME
 from resources.compute.faults import FaultSpec
 from resources.settings import REPO_ROOT
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from pipeline.verify import verify
+from pipeline.bundle.verify import verify
+from pipeline.defs.samples import stage_sample
 from resources.compute.client import JobSpec
 from resources.dagster_resources import (
     BundleStoreResource,
@@ -12,7 +13,6 @@ from resources.dagster_resources import (
     default_resources,
     parse_credential_refs,
 )
-from resources.samples import stage_sample
 
 
 def test_defaults_come_from_the_environment_when_set(tmp_path, monkeypatch):

@@ -12,21 +12,22 @@ from hypothesis import strategies as st
 from reader_fixtures import make_bundle
 from torch.utils.data import BatchSampler, DataLoader
 
-from pipeline import format as fmt
-from pipeline.datasets import (
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import IncompleteBundle, NotVerified
+from pipeline.bundle.verify import verify
+from pipeline.readers import (
     IdleOwnerWarning,
+    Index,
     MapDataset,
+    Owner,
     OwnerSampler,
     PartIterableDataset,
     accepted_only,
     collate_batches,
     confidence_weights,
+    make_loader,
+    set_epoch,
 )
-from pipeline.errors import IncompleteBundle
-from pipeline.index import Index, NotVerified
-from pipeline.loader import make_loader, set_epoch
-from pipeline.owner import Owner
-from pipeline.verify import verify
 
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
 
@@ -286,7 +287,7 @@ def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
 def test_default_transfer_batches_follows_the_worker_count(index):
     from torch.utils.data import DataLoader
 
-    from pipeline.loader import TRANSFER_ROWS, SplitLoader
+    from pipeline.readers.loader import TRANSFER_ROWS, SplitLoader
 
     fast = make_loader(index, batch_size=64, num_workers=2)
     assert isinstance(fast, SplitLoader) and fast.loader.batch_size == TRANSFER_ROWS

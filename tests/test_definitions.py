@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from pipeline.definitions import build_definitions, defs
-from pipeline.jobs import CHAIN_GROUP
+from assets import CHAIN_GROUP
+from pipeline.defs.definitions import build_definitions, defs
 
 CHAIN = [
     "result_manifest",

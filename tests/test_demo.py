@@ -22,7 +22,7 @@ def test_demo_ends_with_a_reconciled_summary_and_exit_0(tmp_path):
         "LITHI_NUM_WORKERS": "0",
     }
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.demo", "--sample", "wine", "--world-size", "2",
+        [sys.executable, "-m", "pipeline.defs.demo", "--sample", "wine", "--world-size", "2",
          "--timeout", "240"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline import format as fmt
+from pipeline.bundle import format as fmt
 
 SCALARS = list(fmt.SCALAR_TYPES)
 EVERY_TYPE = (

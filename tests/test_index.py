@@ -8,8 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from reader_fixtures import make_bundle
 
-from pipeline.index import Index, IndexMismatch, NotVerified
-from pipeline.verify import verify
+from pipeline.bundle.errors import NotVerified
+from pipeline.bundle.verify import verify
+from pipeline.readers.index import Index, IndexMismatch
 
 SIZES = [3, 1, 5, 2]
 
@@ -82,7 +83,7 @@ def test_load_refuses_an_edited_index(snap, tmp_path):
 
 
 def test_load_reverifies_the_bundle(snap, tmp_path):
-    from pipeline.errors import IncompleteBundle
+    from pipeline.bundle.errors import IncompleteBundle
 
     with pytest.raises(IncompleteBundle):
         Index.load(tmp_path / "index.parquet", tmp_path / "nothing-here")

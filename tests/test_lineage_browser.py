@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import dagster as dg
 import pytest
 
-from assets import CHAIN_ASSETS
-from pipeline.jobs import CHAIN_GROUP, CHAIN_JOB_NAME
-from pipeline.records import read_record
+from assets import CHAIN_ASSETS, CHAIN_GROUP
+from pipeline.defs.jobs import CHAIN_JOB_NAME
+from pipeline.training.record import read_record
 from resources.settings import REPO_ROOT
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ pytest_plugins = ["tests.lineage_fixtures"]
 pytestmark = pytest.mark.integration
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS]
-LOCATION = "pipeline.definitions"  # the code location's name: the module workspace.yaml loads
+LOCATION = "lithi-train"  # the code location's name in workspace.yaml
 SHOTS = REPO_ROOT / "test-output" / "lineage"
 STARTUP_SECONDS = 90.0
 UI_WAIT_MS = 30_000  # upper bound for an element to appear, not an expectation of speed

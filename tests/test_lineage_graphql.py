@@ -19,9 +19,9 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from assets import CHAIN_ASSETS
-from pipeline.definitions import defs
-from pipeline.jobs import CHAIN_GROUP, CHAIN_JOB_NAME
+from assets import CHAIN_ASSETS, CHAIN_GROUP
+from pipeline.defs.definitions import defs
+from pipeline.defs.jobs import CHAIN_JOB_NAME
 from resources.settings import REPO_ROOT
 
 if TYPE_CHECKING:
@@ -87,9 +87,11 @@ query ($key: String!, $value: String!) {
 
 @pytest.fixture(scope="module")
 def graphql(lineage_instance: LineageInstance) -> Iterator[Query]:
-    """Run a GraphQL query against the instance with ``pipeline.definitions`` loaded in-process."""
+    """Run GraphQL queries against the instance with the definitions loaded in-process."""
     origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(module_name="pipeline.definitions", working_directory=str(REPO_ROOT))
+        LoadableTargetOrigin(
+            module_name="pipeline.defs.definitions", working_directory=str(REPO_ROOT)
+        )
     )
     with (
         lineage_instance.instance() as instance,

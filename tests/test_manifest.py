@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import format as fmt
-from pipeline.digest import content_sha256
-from pipeline.errors import CountMismatch, ManifestInvalid, StatusMismatch, UnsafePath
-from pipeline.manifest import (
-    SCHEMA_DOC,
-    Manifest,
-    _main,
-    json_schema,
-    json_schema_text,
-    parse_manifest,
-)
+from pipeline.bundle import format as fmt
+from pipeline.bundle.digest import content_sha256
+from pipeline.bundle.errors import CountMismatch, ManifestInvalid, StatusMismatch, UnsafePath
+from pipeline.bundle.manifest import Manifest, json_schema, json_schema_text, parse_manifest
+from pipeline.cli import SCHEMA_DOC
+from pipeline.cli import main as bundle_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SHA = "b" * 64
@@ -194,17 +189,17 @@ def test_not_json(text):
 
 
 def test_json_schema_checked_in_is_current():
-    # Regenerate with: python -m pipeline.manifest
+    # Regenerate with: lithi-bundle schema
     assert (REPO / SCHEMA_DOC).read_text() == json_schema_text()
-    assert _main(["--check", str(REPO / SCHEMA_DOC)]) == 0
+    assert bundle_cli(["schema", "--check", str(REPO / SCHEMA_DOC)]) == 0
 
 
 def test_json_schema_regeneration(tmp_path):
     target = tmp_path / "schema.json"
-    assert _main(["--check", str(target)]) == 1
-    assert _main([str(target)]) == 0
+    assert bundle_cli(["schema", "--check", str(target)]) == 1
+    assert bundle_cli(["schema", str(target)]) == 0
     assert json.loads(target.read_text()) == json_schema()
-    assert _main(["--check", str(target)]) == 0
+    assert bundle_cli(["schema", "--check", str(target)]) == 0
 
 
 def test_json_schema_describes_the_documented_fields():

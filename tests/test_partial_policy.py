@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pipeline.partial_policy import Action, Cursor, JobCursor, Observed, Policy, decide
+from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, Policy, decide
 
 JOB = "wine-t"
 V1, V2, V3 = "wine-t-a001-aaaa", "wine-t-a002-bbbb", "wine-t-a003-cccc"

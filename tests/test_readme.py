@@ -6,7 +6,7 @@ import sys
 
 import pyarrow as pa
 
-from pipeline.stage import stage
+from pipeline.bundle.stage import stage
 from resources.settings import REPO_ROOT
 
 

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from assets import result_manifest, verified_snapshot
-from pipeline.verify import verify
+from pipeline.bundle.verify import verify
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from tests.chain_fixtures import chain_resources, sample_job

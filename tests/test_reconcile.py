@@ -10,10 +10,10 @@ import torch.distributed as dist
 from reader_fixtures import make_bundle
 from torch.utils.data import BatchSampler
 
-from pipeline.datasets import MapDataset, OwnerSampler, accepted_only
-from pipeline.errors import BundleError
-from pipeline.index import Index
-from pipeline.reconcile import (
+from pipeline.bundle.errors import BundleError
+from pipeline.readers import MapDataset, OwnerSampler, accepted_only
+from pipeline.readers.index import Index
+from pipeline.readers.reconcile import (
     OwnerCounts,
     ReconcileError,
     Tally,

@@ -3,8 +3,8 @@
 import dagster as dg
 from dagster._core.storage.tags import RUN_KEY_TAG
 
-from pipeline.jobs import resubmit_job, resubmit_run_config
-from pipeline.sensor import evaluate
+from pipeline.defs.jobs import resubmit_job, resubmit_run_config
+from pipeline.defs.sensor import evaluate
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore
@@ -34,7 +34,7 @@ class FlakyComputeResource(ComputeResource):
 
 
 def test_transient_error_is_retried_and_resubmits_once(tmp_path, monkeypatch):
-    monkeypatch.setattr("pipeline.jobs.RETRY_BASE_SECONDS", 0.0)
+    monkeypatch.setattr("pipeline.defs.jobs.RETRY_BASE_SECONDS", 0.0)
     job = sample_job(tmp_path, "wine", FaultSpec(lose_fraction=0.3))
     compute = LocalCompute(tmp_path / "compute", "inline")
     v1 = compute.status(job).latest_version_id

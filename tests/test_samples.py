@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.verify import verify
-from resources.samples import digits_tables, stage_sample, truth_table, wine_tables
+from pipeline.bundle.verify import verify
+from pipeline.defs.samples import digits_tables, stage_sample, truth_table, wine_tables
 
 
 def test_digits_tables_shape_and_reference():

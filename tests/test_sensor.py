@@ -20,8 +20,10 @@ import pytest
 # The tag names the daemon stamps on sensor runs and dedupes by (dagster/_daemon/sensor.py).
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
-from pipeline.definitions import build_definitions
-from pipeline.jobs import (
+from pipeline.bundle.verify import verify
+from pipeline.defs import samples
+from pipeline.defs.definitions import build_definitions
+from pipeline.defs.jobs import (
     CHAIN_JOB_NAME,
     RESUBMIT_JOB_NAME,
     chain_run_config,
@@ -29,10 +31,8 @@ from pipeline.jobs import (
     resubmit_job,
     resubmit_run_config,
 )
-from pipeline.partial_policy import Cursor
-from pipeline.sensor import SENSOR_NAME, compute_partial_sensor, evaluate
-from pipeline.verify import verify
-from resources import samples
+from pipeline.defs.partial_policy import Cursor
+from pipeline.defs.sensor import SENSOR_NAME, compute_partial_sensor, evaluate
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore

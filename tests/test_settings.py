@@ -1,6 +1,7 @@
 """Which Compute job the chain follows, and where its settings come from."""
 
-from pipeline.demo import submit_sample_job
+from pipeline.defs.demo import submit_sample_job
+from pipeline.defs.sensor import policy_of
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from resources.settings import ChainSettings
@@ -27,4 +28,4 @@ def test_settings_from_environment(monkeypatch):
     monkeypatch.setenv("LITHI_WORLD_SIZE", "2")
     s = ChainSettings.from_env()
     assert (s.job_id, s.max_attempts, s.train_on_partial, s.world_size) == ("j-1", 5, True, 2)
-    assert s.policy().max_attempts == 5 and s.policy().train_on_partial
+    assert policy_of(s).max_attempts == 5 and policy_of(s).train_on_partial

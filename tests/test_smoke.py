@@ -2,8 +2,8 @@
 
 import pyarrow as pa
 
-from pipeline.stage import stage
-from pipeline.verify import verify
+from pipeline.bundle.stage import stage
+from pipeline.bundle.verify import verify
 
 
 def test_stage_then_verify_round_trip(tmp_path):

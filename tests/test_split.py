@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler
 
-from pipeline import split
-from pipeline.datasets import OwnerSampler
-from pipeline.owner import Owner
+from pipeline.readers import split
+from pipeline.readers.datasets import OwnerSampler
+from pipeline.readers.owner import Owner
 
 worlds = st.integers(1, 40)
 items = st.integers(0, 3000)

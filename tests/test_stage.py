@@ -18,11 +18,11 @@ from bundle_helpers import INPUT_REF, input_table, make_input, make_result, resu
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import format as fmt
-from pipeline.errors import BundleExists, CountMismatch, IdentifierError, StatusMismatch
-from pipeline.manifest import JobInfo, Schema
-from pipeline.stage import ReusedPart, stage
-from pipeline.verify import verify
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import BundleExists, CountMismatch, IdentifierError, StatusMismatch
+from pipeline.bundle.manifest import JobInfo, Schema
+from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.verify import verify
 
 INT_RANGES = {
     "int8": (-(2**7), 2**7 - 1),

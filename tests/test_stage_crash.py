@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import format as fmt
-from pipeline.verify import verify
+from pipeline.bundle import format as fmt
+from pipeline.bundle.verify import verify
 
 KILLS = 36
 ROWS = 300_000  # ~9 MB of incompressible floats in 12 parts: each part is written and fsynced
@@ -23,7 +23,7 @@ CHILD = """
 import sys, time
 import numpy as np
 import pyarrow as pa
-from pipeline.stage import stage
+from pipeline.bundle.stage import stage
 
 dest, n = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(7)

@@ -10,11 +10,11 @@ import pytest
 import torch
 from reader_fixtures import INPUT
 
-from pipeline.datasets import MapDataset, PartIterableDataset
-from pipeline.index import Index
-from pipeline.manifest import Schema
-from pipeline.stage import stage
-from pipeline.tensors import ValueOverflow, to_batch
+from pipeline.bundle.manifest import Schema
+from pipeline.bundle.stage import stage
+from pipeline.readers.datasets import MapDataset, PartIterableDataset
+from pipeline.readers.index import Index
+from pipeline.readers.tensors import ValueOverflow, to_batch
 
 EXPECTED = {
     "bool": torch.bool,

@@ -9,19 +9,14 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.digest import sha256_file
-from pipeline.index import Index
-from pipeline.manifest import InputRef, JobInfo
-from pipeline.stage import stage
-from pipeline.train import (
-    TrainConfig,
-    feature_columns,
-    fit,
-    holdout_mask,
-    load_checkpoint,
-    predict,
-    save_checkpoint,
-)
+from pipeline.bundle.digest import sha256_file
+from pipeline.bundle.manifest import InputRef, JobInfo
+from pipeline.bundle.stage import stage
+from pipeline.readers.index import Index
+from pipeline.training.features import feature_columns, holdout_mask
+from pipeline.training.fit import TrainConfig, fit
+from pipeline.training.model import load_checkpoint, save_checkpoint
+from pipeline.training.predict import predict
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +75,7 @@ def test_holdout_is_a_function_of_the_id_alone():
 def test_holdout_is_the_same_in_every_process():
     """Python's str hash is salted per process; a split built on it would differ by rank."""
     code = (
-        "from pipeline.train import holdout_mask;"
+        "from pipeline.training.features import holdout_mask;"
         "print(''.join('1' if b else '0' for b in holdout_mask([f'i{n}' for n in range(300)], 20)))"
     )
     masks = {
@@ -105,10 +100,20 @@ def test_fit_learns_reconciles_and_predicts_every_item(index, tmp_path):
     assert len(outcome.loss_curve) == 4 and outcome.loss_curve[-1] < outcome.loss_curve[0]
 
     path = tmp_path / "model.pt"
-    digest = save_checkpoint(outcome, config, path)
+
+    def save() -> str:
+        return save_checkpoint(
+            path,
+            state_dict=outcome.state_dict,
+            spec=outcome.spec,
+            config=config.model_dump(),
+            hidden=config.hidden,
+        )
+
+    digest = save()
     assert digest == sha256_file(path)
     with pytest.raises(FileExistsError):
-        save_checkpoint(outcome, config, path)  # a checkpoint is never overwritten
+        save()  # a checkpoint is never overwritten
     model, spec = load_checkpoint(path)
     assert spec.columns == ["x", "scalar"] and spec.classes == [0, 1, 2]
 

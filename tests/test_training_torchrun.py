@@ -4,7 +4,7 @@ import dagster as dg
 import pytest
 
 from assets import CHAIN_ASSETS
-from pipeline.records import read_record
+from pipeline.training.record import read_record
 from tests.chain_fixtures import chain_resources, sample_job
 
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import unique
-from pipeline.unique import duplicates, hash64
+from pipeline.bundle import ids
+from pipeline.bundle.ids import duplicates, hash64
 
 id_lists = st.lists(st.lists(st.text(max_size=20) | st.none(), max_size=30), max_size=4)
 
@@ -31,12 +31,12 @@ def test_matches_counting_in_python(lists):
 @settings(max_examples=100, deadline=None)
 @given(lists=id_lists)
 def test_exact_even_when_every_hash_collides(lists):
-    original = unique.hash64
-    unique.hash64 = lambda arr: np.zeros(len(arr), dtype=np.uint64)
+    original = ids.hash64
+    ids.hash64 = lambda arr: np.zeros(len(arr), dtype=np.uint64)
     try:
         assert duplicates([pa.array(v, pa.string()) for v in lists]) == expected(lists)
     finally:
-        unique.hash64 = original
+        ids.hash64 = original
 
 
 def test_equal_strings_hash_equal_across_offsets_and_chunks():

@@ -17,8 +17,8 @@ from bundle_helpers import (
     save_manifest,
 )
 
-from pipeline import format as fmt
-from pipeline.errors import (
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     DigestMismatch,
@@ -33,7 +33,7 @@ from pipeline.errors import (
     UnboundFile,
     UnsafePath,
 )
-from pipeline.verify import check, verify
+from pipeline.bundle.verify import check, verify
 
 P0, P1 = fmt.part_path(0), fmt.part_path(1)
 

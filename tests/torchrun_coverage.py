@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipeline.index import Index
-from pipeline.loader import make_loader, set_epoch
-from pipeline.reconcile import Tally, reconcile_distributed
-from pipeline.verify import verify
+from pipeline.bundle.verify import verify
+from pipeline.readers.index import Index
+from pipeline.readers.loader import make_loader, set_epoch
+from pipeline.readers.reconcile import Tally, reconcile_distributed
 
 
 def train_epoch(loader, index, ddp, opt, *, join: bool) -> tuple[Tally, int]:

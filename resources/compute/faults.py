@@ -2,7 +2,7 @@
 
 A real batch service loses work to crashed workers and answers status calls with transient
 errors; the local one does the same on request so PARTIAL handling is tested against the real
-thing. Which items are lost is a pure function of (ids, attempt) through ``pipeline.digest``,
+thing. Which items are lost is a pure function of (ids, attempt) through ``pipeline.bundle.digest``,
 never Python's salted ``hash()``, so every process and every rerun loses the same items.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.digest import sha256_bytes
+from pipeline.bundle.digest import sha256_bytes
 
 
 class FaultSpec(BaseModel):

@@ -16,8 +16,8 @@ from pathlib import Path
 import filelock
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from pipeline.digest import sha256_bytes
-from pipeline.fsutil import atomic_write_text
+from pipeline.bundle.atomic import atomic_write_text
+from pipeline.bundle.digest import sha256_bytes
 from resources.compute.client import ComputeUnavailable, JobSpec, JobState, UnknownJob, utc_now
 
 JOB_FILE = "job.json"

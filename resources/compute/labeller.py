@@ -14,8 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.bundle import format as fmt
+
 #: The reference bundle's label column, never a feature.
-LABEL_COLUMN = "label"
+REFERENCE_LABEL_COLUMN = "label"
 _CHUNK_ROWS = 2048  # bounds the distance matrix to chunk x reference rows
 
 
@@ -41,10 +43,12 @@ def feature_columns(
     The id columns, the reference's ``label`` column and ``lithi_*`` columns are never features;
     a column counts as shared only when its type is the same on both sides.
     """
-    excluded = {id_field, reference_id_field, LABEL_COLUMN}
+    excluded = {id_field, reference_id_field, REFERENCE_LABEL_COLUMN}
     cols = []
     for f in input_schema:
-        if f.name in excluded or f.name.startswith("lithi_") or not _is_feature_type(f.type):
+        if f.name in excluded or f.name.startswith(fmt.LITHI_PREFIX):
+            continue
+        if not _is_feature_type(f.type):
             continue
         idx = reference_schema.get_field_index(f.name)
         if idx >= 0 and reference_schema.field(idx).type == f.type:
@@ -102,10 +106,10 @@ class Labels:
         failed = self.status == "failed"
         accepted = self.status == "accepted"
         return {
-            "lithi_status": pa.array(self.status.tolist(), type=pa.string()),
-            "lithi_confidence": pa.array(self.confidence, type=pa.float32(), mask=failed),
-            "lithi_verification": pa.array(self.verification.tolist(), type=pa.string()),
-            "lithi_label": pa.array(self.label, type=pa.int64(), mask=~accepted),
+            fmt.STATUS_COLUMN: pa.array(self.status.tolist(), type=pa.string()),
+            fmt.CONFIDENCE_COLUMN: pa.array(self.confidence, type=pa.float32(), mask=failed),
+            fmt.VERIFICATION_COLUMN: pa.array(self.verification.tolist(), type=pa.string()),
+            fmt.LABEL_COLUMN: pa.array(self.label, type=pa.int64(), mask=~accepted),
         }
 
 
@@ -189,15 +193,16 @@ def label_table(
     abstain_margin: float,
 ) -> Labels:
     """Label the rows of ``table`` against the labelled ``reference`` (see :func:`label_items`)."""
-    if LABEL_COLUMN not in reference.column_names:
+    if REFERENCE_LABEL_COLUMN not in reference.column_names:
         raise LabellerError(
-            f"the reference has no {LABEL_COLUMN!r} column (columns: {reference.column_names})"
+            f"the reference has no {REFERENCE_LABEL_COLUMN!r} column "
+            f"(columns: {reference.column_names})"
         )
     cols = feature_columns(
         table.schema, reference.schema, id_field=id_field, reference_id_field=reference_id_field
     )
-    reference = reference.filter(pc.is_valid(reference.column(LABEL_COLUMN)))
+    reference = reference.filter(pc.is_valid(reference.column(REFERENCE_LABEL_COLUMN)))
     x, widths = feature_matrix(table, cols)
     ref_x, _ = feature_matrix(reference, cols)
-    ref_y = reference.column(LABEL_COLUMN).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    ref_y = reference.column(REFERENCE_LABEL_COLUMN).cast(pa.int64()).to_numpy(zero_copy_only=False)
     return label_items(x, ref_x, ref_y, widths, k=k, abstain_margin=abstain_margin)

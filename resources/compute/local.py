@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pipeline import format as fmt
-from pipeline.manifest import parse_manifest
+from pipeline.bundle import format as fmt
+from pipeline.bundle.manifest import parse_manifest
 from resources.compute.client import (
     ComputeClient,
     ComputeError,

@@ -20,19 +20,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import format as fmt
-from pipeline.errors import BundleExists
-from pipeline.manifest import InputRef, JobInfo
-from pipeline.stage import ReusedPart, stage
-from pipeline.verify import VerifiedSnapshot, verify
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import BundleExists
+from pipeline.bundle.manifest import InputRef, JobInfo
+from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.bundle_store import BundleStore
 from resources.compute.client import FINAL_STATES, ComputeError, utc_now
 from resources.compute.faults import failed_items, lost_blocks, lost_items
 from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore
 from resources.compute.labeller import label_table
 from resources.credentials import CredentialRegistry
-
-LABEL_RESULT_COLUMN = "lithi_label"
 
 
 class InjectedFailure(RuntimeError):
@@ -115,7 +113,7 @@ def result_schema(input_schema: pa.Schema, id_field: str) -> pa.Schema:
         pa.field(fmt.STATUS_COLUMN, pa.string(), nullable=False),
         pa.field(fmt.CONFIDENCE_COLUMN, pa.float32()),
         pa.field(fmt.VERIFICATION_COLUMN, pa.string(), nullable=False),
-        pa.field(LABEL_RESULT_COLUMN, pa.int64()),
+        pa.field(fmt.LABEL_COLUMN, pa.int64()),
     ]
     return pa.schema(fields)
 

@@ -65,3 +65,7 @@ class StatusMismatch(BundleError):
 
 class BundleExists(BundleError):
     """Staging refused: a bundle already exists under that name and is never overwritten."""
+
+
+class NotVerified(BundleError):
+    """A reader was given something other than a verified snapshot (a path, a raw manifest)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
-from pipeline import split
+from pipeline.readers import split
 
 
 @dataclass(frozen=True)

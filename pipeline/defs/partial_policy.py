@@ -1,6 +1,6 @@
 """What to do about a Compute job, decided as a pure function of its status, a cursor and a clock.
 
-The sensor (``pipeline.sensor``) is thin Dagster wiring around :func:`decide`; keeping the
+The sensor (``pipeline.defs.sensor``) is thin Dagster wiring around :func:`decide`; keeping the
 decision pure makes every transition (SUCCEEDED, PARTIAL with back-off, attempts exhausted,
 FAILED, newer manifest) testable without a Dagster instance, and keeps sensor ticks free of side
 effects: a decision only *asks* for work (a chain run, a resubmission run), it never does it.

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.digest import sha256_bytes
-from pipeline.stage import new_version_id, stage
-from pipeline.verify import VerifiedSnapshot
-from resources.compute.labeller import LABEL_COLUMN
+from pipeline.bundle.digest import sha256_bytes
+from pipeline.bundle.stage import new_version_id, stage
+from pipeline.bundle.verify import VerifiedSnapshot
+from resources.compute.labeller import REFERENCE_LABEL_COLUMN
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,9 @@ def _build(name, id_field, ids, columns: dict[str, pa.Array], target, fraction) 
     table = pa.Table.from_arrays([id_arr, *columns.values()], schema=pa.schema(fields))
     labels = pa.array(np.asarray(target, dtype=np.int64), type=pa.int64())
     mask = pa.array(_reference_mask(ids, fraction))
-    reference = table.append_column(pa.field(LABEL_COLUMN, pa.int64(), nullable=False), labels)
-    truth = pa.table({id_field: id_arr, LABEL_COLUMN: labels})
+    label_field = pa.field(REFERENCE_LABEL_COLUMN, pa.int64(), nullable=False)
+    reference = table.append_column(label_field, labels)
+    truth = pa.table({id_field: id_arr, REFERENCE_LABEL_COLUMN: labels})
     return Sample(name, id_field, table, reference.filter(mask), truth)
 
 

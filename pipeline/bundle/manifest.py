@@ -8,9 +8,8 @@ need the files (digests, row counts, Parquet schemas, id uniqueness) live in ``v
 from __future__ import annotations
 
 import json
-import sys
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
 import pyarrow as pa
@@ -29,8 +28,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from pipeline import format as fmt
-from pipeline.errors import (
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     ManifestInvalid,
@@ -361,46 +360,6 @@ def json_schema() -> dict:
     return schema
 
 
-#: Where the generated JSON Schema is checked in, relative to the repository root.
-SCHEMA_DOC = "docs/result-manifest.schema.json"
-
-
 def json_schema_text() -> str:
     """The JSON Schema as the exact text checked in (stable key order, trailing newline)."""
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
-
-
-def write_json_schema(path: str | Path) -> bool:
-    """Write the JSON Schema to ``path`` if it differs; return whether the file changed."""
-    path = Path(path)
-    text = json_schema_text()
-    if path.exists() and path.read_text() == text:
-        return False
-    path.write_text(text)
-    return True
-
-
-def _main(argv: list[str] | None = None) -> int:
-    """Regenerate (or with ``--check``, compare) the checked-in JSON Schema."""
-    import argparse
-
-    ap = argparse.ArgumentParser(
-        prog="python -m pipeline.manifest", description="Regenerate the manifest JSON Schema."
-    )
-    default = Path(__file__).resolve().parents[1] / SCHEMA_DOC
-    ap.add_argument("path", nargs="?", type=Path, default=default)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
-    args = ap.parse_args(argv)
-    if args.check:
-        current = args.path.read_text() if args.path.exists() else ""
-        if current != json_schema_text():
-            print(f"{args.path} is out of date: run python -m pipeline.manifest", file=sys.stderr)
-            return 1
-        return 0
-    changed = write_json_schema(args.path)
-    print(f"{args.path}: {'written' if changed else 'up to date'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.fsutil import atomic_write_text
-from pipeline.manifest import SnapshotId
+from pipeline.bundle.atomic import atomic_write_text
+from pipeline.bundle.manifest import SnapshotId
 
 RECORD_NAME = "record.json"
 

@@ -1,4 +1,4 @@
-"""The PARTIAL-job sensor: Dagster wiring around :func:`pipeline.partial_policy.decide`.
+"""The PARTIAL-job sensor: Dagster wiring around :func:`pipeline.defs.partial_policy.decide`.
 
 Each tick asks Compute for the status of the watched jobs and emits RunRequests only: a chain
 rebuild for a complete (or, if allowed, exhausted PARTIAL) version, or a run of the resubmission
@@ -11,7 +11,7 @@ import time
 
 import dagster as dg
 
-from pipeline.jobs import (
+from pipeline.defs.jobs import (
     CHAIN_JOB_NAME,
     FINISHED_RUN_STATUSES,
     RESUBMIT_JOB_NAME,
@@ -20,7 +20,7 @@ from pipeline.jobs import (
     resubmit_job,
     resubmit_run_config,
 )
-from pipeline.partial_policy import Action, Cursor, JobCursor, Observed, decide
+from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, Policy, decide
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import ComputeResource
 from resources.settings import ChainSettings
@@ -56,6 +56,16 @@ def run_request_for(action: Action) -> dg.RunRequest:
     )
 
 
+def policy_of(settings: ChainSettings) -> Policy:
+    """The sensor's policy for PARTIAL jobs, from the chain's settings."""
+    return Policy(
+        max_attempts=settings.max_attempts,
+        base_delay_seconds=settings.base_delay_seconds,
+        train_on_partial=settings.train_on_partial,
+        max_resubmit_retries=settings.max_resubmit_retries,
+    )
+
+
 def _resubmit_runs(
     instance: dg.DagsterInstance | None, job_id: str, version_id: str | None
 ) -> tuple[int, bool]:
@@ -83,7 +93,7 @@ def evaluate(
     now = time.time() if now is None else now
     cursor = Cursor.from_json(context.cursor)
     client = compute.client()
-    policy = settings.policy()
+    policy = policy_of(settings)
     requests: list[dg.RunRequest] = []
     reasons: list[str] = []
     for job_id in settings.watched_jobs(client):

@@ -1,6 +1,6 @@
 """The index of a verified snapshot: ordered parts, their row offsets and every item id.
 
-Built once from the manifest of a :class:`~pipeline.verify.VerifiedSnapshot` — never by listing
+Built once from the manifest of a :class:`~pipeline.bundle.VerifiedSnapshot` — never by listing
 a directory — so a reader can reach exactly the rows the manifest binds. Ids stay an Arrow
 string array (about 10 bytes an id plus offsets, so 10M ids fit comfortably), never Python
 objects. An index can be saved to a file and loaded back, so a run can pin what it trained on.
@@ -20,36 +20,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import format as fmt
-from pipeline.digest import sha256_bytes
-from pipeline.errors import BundleError, RowCountMismatch
-from pipeline.fsutil import atomic_write_bytes
-from pipeline.manifest import Manifest, Schema
-from pipeline.verify import VerifiedSnapshot, verify
+from pipeline.bundle import format as fmt
+from pipeline.bundle.atomic import atomic_write_bytes
+from pipeline.bundle.digest import sha256_bytes
+from pipeline.bundle.errors import BundleError, RowCountMismatch
+from pipeline.bundle.manifest import Manifest, Schema
+from pipeline.bundle.verify import VerifiedSnapshot, require_verified, verify
 
 INDEX_VERSION = 1
 _META_KEY = b"lithi_index"
 
 
-class NotVerified(BundleError):
-    """A reader was given something other than a verified snapshot (a path, a raw manifest)."""
-
-
 class IndexMismatch(BundleError):
     """A saved index does not belong to the bundle it is loaded against, or was altered."""
-
-
-def require_verified(obj: object, what: str = "a reader") -> VerifiedSnapshot:
-    """Return ``obj`` if it is a :class:`VerifiedSnapshot`, else raise :class:`NotVerified`."""
-    if isinstance(obj, VerifiedSnapshot):
-        return obj
-    hint = " (a Manifest alone proves nothing about the files)" if isinstance(obj, Manifest) else ""
-    raise NotVerified(
-        f"{what} needs a VerifiedSnapshot returned by pipeline.verify.verify(path); "
-        f"found {type(obj).__name__} {obj!r:.80}{hint}. Call verify(path) first, so no "
-        "unverified or unfinished bundle is ever read",
-        path=str(obj) if isinstance(obj, (str, os.PathLike)) else None,
-    )
 
 
 def _ids_sha256(ids: pa.StringArray) -> str:

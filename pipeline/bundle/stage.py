@@ -21,11 +21,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from pipeline import format as fmt
-from pipeline.digest import content_sha256, sha256_file
-from pipeline.errors import BundleExists, CountMismatch, IdentifierError, SchemaMismatch
-from pipeline.fsutil import atomic_write_text, fsync_dir, fsync_file, rename_noreplace
-from pipeline.manifest import (
+from pipeline.bundle import format as fmt
+from pipeline.bundle.atomic import atomic_write_text, fsync_dir, fsync_file, rename_noreplace
+from pipeline.bundle.digest import content_sha256, sha256_file
+from pipeline.bundle.errors import BundleExists, CountMismatch, IdentifierError, SchemaMismatch
+from pipeline.bundle.manifest import (
     Counts,
     FileEntry,
     InputRef,
@@ -37,7 +37,7 @@ from pipeline.manifest import (
     SnapshotId,
     bundle_error,
 )
-from pipeline.verify import VerifiedSnapshot, verify
+from pipeline.bundle.verify import VerifiedSnapshot, verify
 
 DEFAULT_ROWS_PER_PART = 262_144
 ROW_GROUP_ROWS = 65_536  # the iterable reader's memory bound is one row group of one part

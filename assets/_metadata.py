@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from pipeline.manifest import Manifest, Schema, SnapshotId
+from pipeline.bundle.manifest import Manifest, Schema, SnapshotId
 
 
 def identity(prefix: str, snap: SnapshotId) -> dict[str, dg.MetadataValue]:

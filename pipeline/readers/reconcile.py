@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch.distributed as dist
 
-from pipeline import format as fmt
-from pipeline.errors import BundleError
-from pipeline.manifest import Manifest
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import BundleError
+from pipeline.bundle.manifest import Manifest
 
 _EXAMPLES = 5
 

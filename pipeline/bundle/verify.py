@@ -21,23 +21,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import format as fmt
-from pipeline.digest import content_sha256, cpu_count, sha256_files
-from pipeline.errors import (
+from pipeline.bundle import format as fmt
+from pipeline.bundle.digest import content_sha256, cpu_count, sha256_files
+from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     DigestMismatch,
     IdentifierError,
     IncompleteBundle,
     MissingFile,
+    NotVerified,
     RowCountMismatch,
     SchemaMismatch,
     SizeMismatch,
     UnboundFile,
     UnsafePath,
 )
-from pipeline.manifest import FileEntry, Manifest, SnapshotId, parse_manifest
-from pipeline.unique import duplicates, id_hashes
+from pipeline.bundle.ids import duplicates, id_hashes
+from pipeline.bundle.manifest import FileEntry, Manifest, SnapshotId, parse_manifest
 
 #: ``trusted(path, entry) -> bool``: may vouch that ``path`` already holds ``entry``'s exact bytes
 #: (e.g. a read-only, content-addressed cache object verified before), so it is not hashed again.
@@ -76,6 +77,19 @@ class VerifiedSnapshot:
     def part_paths(self) -> list[Path]:
         """Absolute paths of the bound parts, in read order."""
         return [self.root / p.path for p in self.manifest.parts]
+
+
+def require_verified(obj: object, what: str = "a reader") -> VerifiedSnapshot:
+    """Return ``obj`` if it is a :class:`VerifiedSnapshot`, else raise :class:`NotVerified`."""
+    if isinstance(obj, VerifiedSnapshot):
+        return obj
+    hint = " (a Manifest alone proves nothing about the files)" if isinstance(obj, Manifest) else ""
+    raise NotVerified(
+        f"{what} needs a VerifiedSnapshot returned by pipeline.bundle.verify(path); "
+        f"found {type(obj).__name__} {obj!r:.80}{hint}. Call verify(path) first, so no "
+        "unverified or unfinished bundle is ever read",
+        path=str(obj) if isinstance(obj, (str, os.PathLike)) else None,
+    )
 
 
 def verify(

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from pipeline.manifest import Schema, SchemaField
+from pipeline.bundle.manifest import Schema, SchemaField
 
 VALID_SUFFIX = "__valid"
 

@@ -15,8 +15,9 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.datasets import MapDataset, OwnerSampler, PartIterableDataset, collate_batches
-from pipeline.index import Index
+from pipeline.readers.batches import collate_batches
+from pipeline.readers.datasets import MapDataset, OwnerSampler, PartIterableDataset
+from pipeline.readers.index import Index
 
 #: Rows a worker sends the main process per message by default: large enough that torch's
 #: fixed cost per message (one shared-memory segment per tensor) stops dominating.

@@ -7,7 +7,7 @@ inline on the asset page, so the curve is seen at a glance without opening a fil
 import base64
 from pathlib import Path
 
-from pipeline.fsutil import atomic_write_text
+from pipeline.bundle.atomic import atomic_write_text
 
 
 def loss_markdown(curve: list[float], title: str = "Training loss by epoch") -> str:

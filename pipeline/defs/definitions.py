@@ -9,8 +9,8 @@ import os
 import dagster as dg
 
 from assets import CHAIN_ASSETS
-from pipeline.jobs import chain_job, resubmit_job
-from pipeline.sensor import compute_partial_sensor
+from pipeline.defs.jobs import chain_job, resubmit_job
+from pipeline.defs.sensor import compute_partial_sensor
 from resources.dagster_resources import default_resources
 from resources.settings import ChainSettings
 

@@ -25,12 +25,12 @@ import dagster as dg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, RESUBMIT_JOB_NAME
-from pipeline.records import read_record
-from resources import samples
+from pipeline.defs import samples
+from pipeline.defs.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, RESUBMIT_JOB_NAME
+from pipeline.training.record import read_record
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
-from resources.compute.labeller import LABEL_COLUMN
+from resources.compute.labeller import REFERENCE_LABEL_COLUMN
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT, lithi_home
 
@@ -166,7 +166,7 @@ def truth_accuracy(sample: str, predictions_path: str) -> tuple[float, int]:
     table = pq.read_table(predictions_path).join(s.truth, s.id_field)
     held = pc.invert(pc.is_in(table[s.id_field], value_set=s.reference[s.id_field]))
     table = table.filter(held)
-    right = pc.sum(pc.equal(table["prediction"], table[LABEL_COLUMN])).as_py() or 0
+    right = pc.sum(pc.equal(table["prediction"], table[REFERENCE_LABEL_COLUMN])).as_py() or 0
     return right / max(table.num_rows, 1), table.num_rows
 
 
@@ -251,7 +251,7 @@ def print_summary(s: dict, wall: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; exit 0 only if the chain succeeded from a complete bundle and reconciled."""
-    p = argparse.ArgumentParser(prog="pipeline.demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="pipeline.defs.demo", description=__doc__.split("\n")[0])
     p.add_argument("--sample", default="digits", choices=["digits", "wine"])
     p.add_argument("--lose-fraction", type=float, default=0.3)
     p.add_argument("--fail-item-fraction", type=float, default=0.02)
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "LITHI_WORLD_SIZE": str(args.world_size),
     }
     log_path = home / "logs" / f"daemon-{job_id}.log"
-    import pipeline.definitions  # noqa: F401 - fail here, loudly, if the code location is broken
+    import pipeline.defs.definitions  # noqa: F401 - fail here, loudly, if the code location is broken
 
     # Open (and, on first use, create) the SQLite instance before the daemon starts, so two
     # processes never race to create its schema.

@@ -1,11 +1,11 @@
-"""PyTorch readers over an :class:`~pipeline.index.Index`: map-style and iterable, both disjoint.
+"""PyTorch readers over an :class:`~pipeline.readers.index.Index`: map-style and iterable.
 
 Map-style: :class:`OwnerSampler` yields this rank's positions (a contiguous share, shuffled
 inside), a ``BatchSampler`` groups them, the DataLoader hands each index batch to exactly one
 worker, and :meth:`MapDataset.__getitems__` fetches the whole batch with one Arrow ``take`` per
 part touched. Iterable: :class:`PartIterableDataset` gives each (rank, worker) owner whole parts
 and streams them record batch by record batch. Both yield dict batches typed by the declared
-schema (see :mod:`pipeline.tensors`).
+schema (see :mod:`pipeline.readers.tensors`).
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from pipeline import format as fmt
-from pipeline import split
-from pipeline.errors import RowCountMismatch
-from pipeline.index import Index, require_verified
-from pipeline.owner import Owner, process_rank
-from pipeline.tensors import VALID_SUFFIX, Batch, to_batch
-from pipeline.verify import VerifiedSnapshot
+from pipeline.bundle.errors import RowCountMismatch
+from pipeline.bundle.verify import VerifiedSnapshot, require_verified
+from pipeline.readers import split
+from pipeline.readers.index import Index
+from pipeline.readers.owner import Owner, process_rank
+from pipeline.readers.tensors import Batch, to_batch
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +56,9 @@ class MapDataset(Dataset):
     """Random access to a verified snapshot's rows, fetched a batch at a time.
 
     Accepts an :class:`Index` (or a :class:`VerifiedSnapshot`, indexed on the spot); anything
-    else — a path, a manifest — is refused with :class:`~pipeline.index.NotVerified`. Decoded
-    parts are cached per process (``max_cached_parts``, default all parts this process touches),
-    so with :class:`OwnerSampler` a rank's workers decode only that rank's share.
+    else — a path, a manifest — is refused with :class:`~pipeline.bundle.errors.NotVerified`.
+    Decoded parts are cached per process (``max_cached_parts``, default all parts this process
+    touches), so with :class:`OwnerSampler` a rank's workers decode only that rank's share.
     """
 
     def __init__(
@@ -179,7 +177,7 @@ class OwnerSampler(Sampler[int]):
 class PartIterableDataset(IterableDataset):
     """Streams the whole parts one (rank, worker) owner is assigned, a record batch at a time.
 
-    Parts go to owners by :func:`pipeline.split.assign_parts` (balanced by rows, never split).
+    Parts go to owners by :func:`~pipeline.readers.split.assign_parts` (balanced by rows, whole).
     Memory is bounded by one row group plus one batch. Batches hold exactly ``batch_size`` rows
     except an owner's last. With ``shuffle`` the order of parts, of row groups within a part
     and of rows within a row group is permuted from (seed, epoch, owner); ownership is not.
@@ -287,74 +285,3 @@ class PartIterableDataset(IterableDataset):
             self._warned.add(key)
             log.warning(msg)
             warnings.warn(msg, IdleOwnerWarning, stacklevel=2)
-
-
-def collate_batches(batch: Any) -> Any:
-    """A ``collate_fn`` that passes built dict batches through and stacks per-row samples.
-
-    A dict (from ``__getitems__`` or an iterable batch) is returned as is; a list of per-row
-    dicts (from ``__getitem__``) becomes one batch with tensors stacked and strings, bytes and
-    variable-length lists kept as Python lists — never turned into tensors.
-    """
-    if isinstance(batch, dict):
-        return batch
-    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], dict):
-        if len(batch) == 1 and _is_batch(batch[0]):
-            return batch[0]
-        out: dict[str, Any] = {}
-        for key in batch[0]:
-            values = [row[key] for row in batch]
-            if all(isinstance(v, torch.Tensor) for v in values) and _same_shape(values):
-                out[key] = torch.stack(values)
-            else:
-                out[key] = values
-        return out
-    raise TypeError(
-        f"collate_batches expects a dict batch or a list of dict rows, got {batch!r:.80}"
-    )
-
-
-def _is_batch(d: dict) -> bool:
-    return any(isinstance(v, list) for v in d.values()) or any(
-        isinstance(v, torch.Tensor) and v.dim() > 0 for v in d.values()
-    )
-
-
-def _same_shape(ts: list[torch.Tensor]) -> bool:
-    return all(t.shape == ts[0].shape for t in ts)
-
-
-def batch_len(batch: Batch) -> int:
-    """Rows in a batch."""
-    v = next(iter(batch.values()))
-    return len(v)
-
-
-def select_rows(batch: Batch, rows: torch.Tensor | np.ndarray | Sequence[int]) -> Batch:
-    """The batch restricted to ``rows`` (positions), every column and mask alike."""
-    idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
-    picked = idx.tolist()
-    out: Batch = {}
-    for k, v in batch.items():
-        out[k] = v.index_select(0, idx) if isinstance(v, torch.Tensor) else [v[i] for i in picked]
-    return out
-
-
-def accepted_only(batch: Batch) -> Batch:
-    """The batch's rows with ``lithi_status == "accepted"`` (failed and abstained dropped)."""
-    status = batch.get(fmt.STATUS_COLUMN)
-    if status is None:
-        raise KeyError(f"batch has no {fmt.STATUS_COLUMN!r}: only result bundles have statuses")
-    return select_rows(batch, [i for i, s in enumerate(status) if s == "accepted"])
-
-
-def confidence_weights(batch: Batch) -> torch.Tensor:
-    """Per-row float32 weights from ``lithi_confidence``: the confidence, 0 where it is null."""
-    conf = batch.get(fmt.CONFIDENCE_COLUMN)
-    if conf is None:
-        raise KeyError(f"batch has no {fmt.CONFIDENCE_COLUMN!r}: only result bundles have it")
-    conf = conf.to(torch.float32)
-    valid = batch.get(fmt.CONFIDENCE_COLUMN + VALID_SUFFIX)
-    if valid is None:
-        valid = ~torch.isnan(conf)
-    return torch.where(valid, conf, torch.zeros_like(conf))

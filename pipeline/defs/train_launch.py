@@ -6,28 +6,29 @@ The other ranks log to stderr, which the Pipes subprocess client forwards to the
 This module imports ``dagster_pipes`` (the small, dependency-free protocol package), never
 Dagster itself.
 
-    torchrun --nproc-per-node 2 -m pipeline.train_launch --bundle B --index I --config C --out D
+    torchrun --nproc-per-node 2 -m pipeline.defs.train_launch \
+        --bundle B --index I --config C --out D
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
-from pipeline.fsutil import atomic_write_text
-from pipeline.index import Index
-from pipeline.train import TrainConfig, fit, outcome_summary, save_checkpoint
-from pipeline.verify import verify
+from pipeline.bundle.atomic import atomic_write_text
+from pipeline.bundle.verify import verify
+from pipeline.readers.index import Index
+from pipeline.training.fit import TrainConfig, TrainSummary, fit
+from pipeline.training.model import save_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
     """Initialise the process group from torchrun's environment, train, and report from rank 0."""
-    p = argparse.ArgumentParser(prog="pipeline.train_launch")
+    p = argparse.ArgumentParser(prog="pipeline.defs.train_launch")
     p.add_argument("--bundle", required=True, help="verified snapshot directory")
     p.add_argument("--index", required=True, help="saved index file")
     p.add_argument("--config", required=True, help="TrainConfig as JSON")
@@ -55,9 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         outcome = fit(index, config, rank=rank, world_size=world, log=log)
         if rank == 0:
             out = Path(args.out)
-            digest = save_checkpoint(outcome, config, out / "model.pt")
-            result = outcome_summary(outcome, digest, world)
-            atomic_write_text(out / "outcome.json", json.dumps(result, indent=2))
+            digest = save_checkpoint(
+                out / "model.pt",
+                state_dict=outcome.state_dict,
+                spec=outcome.spec,
+                config=config.model_dump(),
+                hidden=config.hidden,
+            )
+            summary = TrainSummary.of(outcome, digest, world)
+            atomic_write_text(out / "outcome.json", summary.model_dump_json(indent=2))
             if pipes is not None:
                 pipes.report_asset_materialization(
                     metadata={

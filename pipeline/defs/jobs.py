@@ -6,6 +6,7 @@ retryable in the UI; its idempotency key makes a retry of the same request harml
 
 import dagster as dg
 
+from assets import CHAIN_GROUP
 from resources.compute.client import ComputeUnavailable
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 
@@ -14,7 +15,6 @@ FINISHED_RUN_STATUSES = frozenset(
     {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 )
 
-CHAIN_GROUP = "compute_chain"
 CHAIN_JOB_NAME = "compute_chain_job"
 RESUBMIT_JOB_NAME = "resubmit_outstanding_job"
 

@@ -22,6 +22,8 @@ STATUS_COLUMN = "lithi_status"
 CONFIDENCE_COLUMN = "lithi_confidence"
 VERIFICATION_COLUMN = "lithi_verification"
 RESULT_COLUMNS = (STATUS_COLUMN, CONFIDENCE_COLUMN, VERIFICATION_COLUMN)
+#: The label a labelling job adds beside the result columns (optional; not every job has one).
+LABEL_COLUMN = "lithi_label"
 STATUSES = ("accepted", "failed", "abstained")
 #: Declared types each result column may have (confidence is any float width).
 RESULT_COLUMN_TYPES: dict[str, tuple[str, ...]] = {

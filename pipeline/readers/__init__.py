@@ -1,0 +1,64 @@
+"""A verified snapshot to torch batches: the index, the disjoint split, the readers, reconcile.
+
+Built on :mod:`pipeline.bundle` and torch only (no Dagster). A training script needs no more than
+``index = Index.from_snapshot(verify(path))`` and :func:`make_loader` (or the datasets with
+torch's own ``DataLoader``); every item then has exactly one owner across ranks and workers.
+"""
+
+from pipeline.readers.batches import (
+    accepted_mask,
+    accepted_only,
+    collate_batches,
+    confidence_weights,
+    select_rows,
+)
+from pipeline.readers.datasets import (
+    IdleOwnerWarning,
+    MapDataset,
+    OwnerSampler,
+    PartIterableDataset,
+)
+from pipeline.readers.index import Index, IndexMismatch
+from pipeline.readers.loader import SplitLoader, make_loader, set_epoch
+from pipeline.readers.owner import Owner, process_rank
+from pipeline.readers.reconcile import (
+    OwnerCounts,
+    ReconcileError,
+    ReconcileReport,
+    Tally,
+    reconcile,
+    reconcile_distributed,
+)
+from pipeline.readers.split import SplitPlan, plan_split
+from pipeline.readers.tensors import VALID_SUFFIX, Batch, ValueOverflow, to_batch
+
+__all__ = [
+    "VALID_SUFFIX",
+    "Batch",
+    "IdleOwnerWarning",
+    "Index",
+    "IndexMismatch",
+    "MapDataset",
+    "Owner",
+    "OwnerCounts",
+    "OwnerSampler",
+    "PartIterableDataset",
+    "ReconcileError",
+    "ReconcileReport",
+    "SplitLoader",
+    "SplitPlan",
+    "Tally",
+    "ValueOverflow",
+    "accepted_mask",
+    "accepted_only",
+    "collate_batches",
+    "confidence_weights",
+    "make_loader",
+    "plan_split",
+    "process_rank",
+    "reconcile",
+    "reconcile_distributed",
+    "select_rows",
+    "set_epoch",
+    "to_batch",
+]

@@ -1,0 +1,87 @@
+"""What to do with a dict batch: collate it, select rows, and read its ``lithi_*`` columns.
+
+The readers yield dict batches (see :mod:`pipeline.readers.tensors`); these helpers are how
+training code filters and weights them honestly by ``lithi_status`` and ``lithi_confidence``
+without dropping identity: every column and mask is selected alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.bundle import format as fmt
+from pipeline.readers.tensors import VALID_SUFFIX, Batch
+
+
+def collate_batches(batch: Any) -> Any:
+    """A ``collate_fn`` that passes built dict batches through and stacks per-row samples.
+
+    A dict (from ``__getitems__`` or an iterable batch) is returned as is; a list of per-row
+    dicts (from ``__getitem__``) becomes one batch with tensors stacked and strings, bytes and
+    variable-length lists kept as Python lists — never turned into tensors.
+    """
+    if isinstance(batch, dict):
+        return batch
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], dict):
+        if len(batch) == 1 and _is_batch(batch[0]):
+            return batch[0]
+        out: dict[str, Any] = {}
+        for key in batch[0]:
+            values = [row[key] for row in batch]
+            if all(isinstance(v, torch.Tensor) for v in values) and _same_shape(values):
+                out[key] = torch.stack(values)
+            else:
+                out[key] = values
+        return out
+    raise TypeError(
+        f"collate_batches expects a dict batch or a list of dict rows, got {batch!r:.80}"
+    )
+
+
+def _is_batch(d: dict) -> bool:
+    return any(isinstance(v, list) for v in d.values()) or any(
+        isinstance(v, torch.Tensor) and v.dim() > 0 for v in d.values()
+    )
+
+
+def _same_shape(ts: list[torch.Tensor]) -> bool:
+    return all(t.shape == ts[0].shape for t in ts)
+
+
+def select_rows(batch: Batch, rows: torch.Tensor | np.ndarray | Sequence[int]) -> Batch:
+    """The batch restricted to ``rows`` (positions), every column and mask alike."""
+    idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+    picked = idx.tolist()
+    out: Batch = {}
+    for k, v in batch.items():
+        out[k] = v.index_select(0, idx) if isinstance(v, torch.Tensor) else [v[i] for i in picked]
+    return out
+
+
+def accepted_mask(batch: Batch) -> torch.Tensor:
+    """A bool tensor ``[B]``: which rows have ``lithi_status == "accepted"``."""
+    status = batch.get(fmt.STATUS_COLUMN)
+    if status is None:
+        raise KeyError(f"batch has no {fmt.STATUS_COLUMN!r}: only result bundles have statuses")
+    return torch.tensor([s == "accepted" for s in status], dtype=torch.bool)
+
+
+def accepted_only(batch: Batch) -> Batch:
+    """The batch's rows with ``lithi_status == "accepted"`` (failed and abstained dropped)."""
+    return select_rows(batch, torch.nonzero(accepted_mask(batch)).flatten())
+
+
+def confidence_weights(batch: Batch) -> torch.Tensor:
+    """Per-row float32 weights from ``lithi_confidence``: the confidence, 0 where it is null."""
+    conf = batch.get(fmt.CONFIDENCE_COLUMN)
+    if conf is None:
+        raise KeyError(f"batch has no {fmt.CONFIDENCE_COLUMN!r}: only result bundles have it")
+    conf = conf.to(torch.float32)
+    valid = batch.get(fmt.CONFIDENCE_COLUMN + VALID_SUFFIX)
+    if valid is None:
+        valid = ~torch.isnan(conf)
+    return torch.where(valid, conf, torch.zeros_like(conf))
