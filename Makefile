@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 export LITHI_HOME ?= $(CURDIR)/.lithi
 
-.PHONY: demo test lint ui bench setup browser clean
+.PHONY: demo test test-fast lint ui bench setup browser clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,12 @@ demo: $(STAMP)
 ## The whole test suite, linters first (ruff, then the import layering).
 test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -q
+
+## The inner loop: everything but the `integration` tests (real daemons, torchrun, browsers), and
+## fewer Hypothesis examples. `make test` is what CI runs.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -q -m "not integration"
 
 ## Chromium from Debian for the browser test (skipped with a loud reason where it cannot start).
 browser:

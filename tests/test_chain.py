@@ -12,7 +12,7 @@ from assets import CHAIN_ASSETS
 from pipeline.bundle.verify import verify
 from pipeline.cli import main as bundle_cli
 from pipeline.training.record import read_record
-from tests.chain_fixtures import FAST_TRAINING, chain_resources, sample_job
+from tests.helpers.chain import FAST_TRAINING
 
 
 def _meta(result: dg.ExecuteInProcessResult, asset: str) -> dict:
@@ -22,12 +22,11 @@ def _meta(result: dg.ExecuteInProcessResult, asset: str) -> dict:
 
 
 @pytest.mark.parametrize("sample", ["digits", "wine"])
-def test_chain_materializes_end_to_end(tmp_path, sample, capsys):
-    job_id = sample_job(tmp_path, sample)
+def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsys):
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             CHAIN_ASSETS,
-            resources=chain_resources(tmp_path, job_id),
+            resources=labelled_samples.resources(tmp_path, sample),
             run_config=FAST_TRAINING,
             instance=instance,
         )

@@ -11,11 +11,11 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from bundle_helpers import input_table, make_input, result_table
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.verify import verify
 from pipeline.cli import _progress_bar, main
+from tests.helpers.bundles import input_table, make_input, result_table
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import pickle
 import fsspec
 import pyarrow as pa
 import pytest
-from fake_remote import PROTOCOL, SecureFakeFS, serve, stop
 
 from pipeline.bundle.errors import IncompleteBundle
 from pipeline.bundle.stage import stage
@@ -19,6 +18,7 @@ from resources.credentials import (
     Secret,
     UnknownCredential,
 )
+from tests.helpers.fake_remote import PROTOCOL, SecureFakeFS, serve, stop
 
 SECRET = "s3cr3t-canary-7f1d"
 

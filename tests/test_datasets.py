@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reader_fixtures import make_bundle
 from torch.utils.data import BatchSampler, DataLoader
 
 from pipeline.bundle import format as fmt
@@ -28,6 +27,7 @@ from pipeline.readers import (
     make_loader,
     set_epoch,
 )
+from tests.helpers.bundles import make_bundle
 
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
 
@@ -89,7 +89,8 @@ combos = dict(
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=min(40, settings().max_examples),
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(**combos)
 def test_map_style_exactly_once_over_owners(index, all_ids, world, workers, batch, seed, epoch):
@@ -99,7 +100,8 @@ def test_map_style_exactly_once_over_owners(index, all_ids, world, workers, batc
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=min(40, settings().max_examples),
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(**combos, shuffle=st.booleans())
 def test_iterable_whole_parts_exactly_once(

@@ -6,11 +6,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from reader_fixtures import make_bundle
 
 from pipeline.bundle.errors import NotVerified
 from pipeline.bundle.verify import verify
 from pipeline.readers.index import Index, IndexMismatch
+from tests.helpers.bundles import make_bundle
 
 SIZES = [3, 1, 5, 2]
 

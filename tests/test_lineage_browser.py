@@ -28,9 +28,8 @@ from pipeline.training.record import read_record
 from resources.settings import REPO_ROOT
 
 if TYPE_CHECKING:
-    from tests.lineage_fixtures import LineageInstance
+    from tests.helpers.chain import LineageInstance
 
-pytest_plugins = ["tests.lineage_fixtures"]
 pytestmark = pytest.mark.integration
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS]

@@ -13,21 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import pytest
-from dagster._core.remote_origin import InProcessCodeLocationOrigin
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from assets import CHAIN_ASSETS, CHAIN_GROUP
 from pipeline.defs.definitions import defs
 from pipeline.defs.jobs import CHAIN_JOB_NAME
 from resources.settings import REPO_ROOT
+from tests.helpers.dagster_internals import (
+    InProcessCodeLocationOrigin,
+    InProcessWorkspaceLoadTarget,
+    LoadableTargetOrigin,
+    WorkspaceProcessContext,
+)
 
 if TYPE_CHECKING:
-    from tests.lineage_fixtures import LineageInstance
+    from tests.helpers.chain import LineageInstance
 
-pytest_plugins = ["tests.lineage_fixtures"]
 pytestmark = pytest.mark.integration
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS]  # result_manifest → … → output_bundle

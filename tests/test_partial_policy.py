@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -189,7 +189,6 @@ def test_a_lost_cursor_decides_the_same_run_keys():
         assert len(keys[0]) == 1 and keys[0] == keys[1]
 
 
-@settings(max_examples=200, deadline=None)
 @given(
     ticks=st.lists(
         st.tuples(

@@ -6,7 +6,7 @@ from assets import result_manifest, verified_snapshot
 from pipeline.bundle.verify import verify
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
-from tests.chain_fixtures import chain_resources, sample_job
+from tests.helpers.chain import chain_resources, sample_job
 
 
 def _snapshot(tmp_path, job, version, instance) -> dict:

@@ -7,7 +7,6 @@ import pickle
 import pyarrow as pa
 import pytest
 import torch.distributed as dist
-from reader_fixtures import make_bundle
 from torch.utils.data import BatchSampler
 
 from pipeline.bundle.errors import BundleError
@@ -20,6 +19,7 @@ from pipeline.readers.reconcile import (
     reconcile,
     reconcile_distributed,
 )
+from tests.helpers.bundles import make_bundle
 
 SIZES = [7, 3, 10]
 

@@ -1,7 +1,6 @@
 """The resubmission job: a transient Compute error is retried by Dagster, never doubled."""
 
 import dagster as dg
-from dagster._core.storage.tags import RUN_KEY_TAG
 
 from pipeline.defs.jobs import resubmit_job, resubmit_run_config
 from pipeline.defs.sensor import evaluate
@@ -10,7 +9,8 @@ from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
-from tests.chain_fixtures import chain_resources, sample_job
+from tests.helpers.chain import chain_resources, sample_job
+from tests.helpers.dagster_internals import RUN_KEY_TAG
 
 FLAKY_CALLS: list[str] = []
 

@@ -17,8 +17,8 @@ import pytest
 from assets import CHAIN_ASSETS
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
-from tests import fake_remote
-from tests.chain_fixtures import chain_resources, sample_job
+from tests.helpers import fake_remote
+from tests.helpers.chain import chain_resources
 
 ENV = "LITHI_CANARY_STORE_TOKEN"
 
@@ -48,18 +48,20 @@ def remote(tmp_path):
     fake_remote.stop()
 
 
-def test_secret_is_used_for_download_and_never_written(tmp_path, remote, monkeypatch, caplog):
+def test_secret_is_used_for_download_and_never_written(
+    tmp_path, remote, labelled_samples, monkeypatch, caplog
+):
     secret = "canary-" + secrets.token_hex(16)
     monkeypatch.setenv(ENV, secret)
     caplog.set_level(logging.DEBUG)
-    job_id = sample_job(tmp_path / "home", "wine")
-    compute = LocalCompute(tmp_path / "home" / "compute", "inline")
+    job_id = labelled_samples.jobs["wine"]
+    compute = LocalCompute(labelled_samples.compute_root, "inline")
     version = compute.status(job_id).latest_version_id
     shutil.copytree(Path(compute.manifest_url(job_id, version)), remote / version)
     fake_remote.serve(remote, secret)
 
     resources = chain_resources(tmp_path / "home", job_id, credential_ref="lab-store")
-    resources["compute"] = RemoteResultsCompute(root=str(tmp_path / "home" / "compute"))
+    resources["compute"] = RemoteResultsCompute(root=str(labelled_samples.compute_root))
     resources["bundle_store"] = BundleStoreResource(
         cache_dir=str(tmp_path / "home" / "cache"), credential_refs={"lab-store": ENV}
     )

@@ -17,9 +17,6 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-# The tag names the daemon stamps on sensor runs and dedupes by (dagster/_daemon/sensor.py).
-from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
-
 from pipeline.bundle.verify import verify
 from pipeline.defs import samples
 from pipeline.defs.definitions import build_definitions
@@ -38,7 +35,10 @@ from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import ComputeResource
-from tests.chain_fixtures import chain_resources
+from tests.helpers.chain import chain_resources
+
+# The tag names the daemon stamps on sensor runs and dedupes by (dagster/_daemon/sensor.py).
+from tests.helpers.dagster_internals import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 MANIFEST_ONLY = [dg.AssetKey("result_manifest")]  # the chain's first link: cheap, reads the pin
 

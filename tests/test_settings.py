@@ -5,7 +5,7 @@ from pipeline.defs.sensor import policy_of
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from resources.settings import ChainSettings
-from tests.chain_fixtures import sample_job
+from tests.helpers.chain import sample_job
 
 
 def test_chain_follows_the_most_recently_submitted_job_unless_told(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler
 
@@ -18,7 +18,6 @@ seeds = st.integers(0, 2**32 - 1)
 epochs = st.integers(0, 1000)
 
 
-@settings(max_examples=300, deadline=None)
 @given(n=items, world=worlds, seed=seeds, epoch=epochs, shuffle=st.booleans())
 def test_map_positions_every_item_exactly_once(n, world, seed, epoch, shuffle):
     shares = [
@@ -31,7 +30,6 @@ def test_map_positions_every_item_exactly_once(n, world, seed, epoch, shuffle):
     assert max(sizes) - min(sizes) <= 1  # no padding: sizes differ by at most one
 
 
-@settings(max_examples=200, deadline=None)
 @given(n=items, world=worlds, seed=seeds, epoch=epochs, other=seeds)
 def test_seed_and_epoch_never_move_an_item_to_another_owner(n, world, seed, epoch, other):
     for r in range(min(world, 5)):
@@ -41,7 +39,6 @@ def test_seed_and_epoch_never_move_an_item_to_another_owner(n, world, seed, epoc
         assert set(a.tolist()) == set(b.tolist()) == set(plain.tolist())
 
 
-@settings(max_examples=200, deadline=None)
 @given(
     n=st.integers(0, 1500),
     world=st.integers(1, 12),
@@ -70,7 +67,6 @@ def test_sampler_batches_and_worker_distribution_are_exactly_once(
 part_lists = st.lists(st.integers(0, 500), min_size=0, max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
 @given(rows=part_lists, world=st.integers(1, 16), workers=st.integers(0, 8))
 def test_assign_parts_whole_parts_exactly_once_and_balanced(rows, world, workers):
     owners = [Owner(r, world, w, workers) for r in range(world) for w in range(max(workers, 1))]

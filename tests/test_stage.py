@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from bundle_helpers import INPUT_REF, input_table, make_input, make_result, result_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from pipeline.bundle.errors import BundleExists, CountMismatch, IdentifierError,
 from pipeline.bundle.manifest import JobInfo, Schema
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import verify
+from tests.helpers.bundles import INPUT_REF, input_table, make_input, make_result, result_table
 
 INT_RANGES = {
     "int8": (-(2**7), 2**7 - 1),
@@ -140,7 +140,9 @@ def tables_of_every_type(draw) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYPOTHESIS = settings(
+    max_examples=min(60, settings().max_examples), suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @HYPOTHESIS
@@ -166,8 +168,7 @@ def test_random_tables_stage_and_verify(table, rows_per_part):
 
 
 @settings(
-    max_examples=20,
-    deadline=None,
+    max_examples=min(20, settings().max_examples),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(table=tables_of_every_type(), rows_per_part=st.integers(1, 5))
@@ -183,7 +184,7 @@ def test_every_vocabulary_type_round_trips(table, rows_per_part):
         assert back.equals(table)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=min(15, settings().max_examples))
 @given(table=tables())
 def test_same_content_same_digest_new_version(table):
     with tempfile.TemporaryDirectory() as d:

@@ -8,13 +8,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from reader_fixtures import INPUT
 
 from pipeline.bundle.manifest import Schema
 from pipeline.bundle.stage import stage
 from pipeline.readers.datasets import MapDataset, PartIterableDataset
 from pipeline.readers.index import Index
 from pipeline.readers.tensors import ValueOverflow, to_batch
+from tests.helpers.bundles import INPUT_REF
 
 EXPECTED = {
     "bool": torch.bool,
@@ -71,7 +71,7 @@ def _table() -> pa.Table:
 @pytest.fixture(scope="module")
 def bundle_index(tmp_path_factory) -> Index:
     root = tmp_path_factory.mktemp("types")
-    snap = stage(_table(), root / "b", id_field="id", kind="prediction", input=INPUT)
+    snap = stage(_table(), root / "b", id_field="id", kind="prediction", input=INPUT_REF)
     return Index.from_snapshot(snap)
 
 

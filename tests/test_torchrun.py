@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from reader_fixtures import make_bundle
 
-SCRIPT = Path(__file__).with_name("torchrun_coverage.py")
+from tests.helpers.bundles import make_bundle
+
+SCRIPT = Path(__file__).parent / "helpers" / "torchrun_coverage.py"
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items, 7 uneven parts
 

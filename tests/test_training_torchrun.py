@@ -5,13 +5,11 @@ import pytest
 
 from assets import CHAIN_ASSETS
 from pipeline.training.record import read_record
-from tests.chain_fixtures import chain_resources, sample_job
 
 
 @pytest.mark.integration
-def test_training_through_torchrun_via_pipes_reconciles(tmp_path):
-    job_id = sample_job(tmp_path, "wine")
-    resources = chain_resources(tmp_path, job_id, world_size=2, num_workers=1)
+def test_training_through_torchrun_via_pipes_reconciles(tmp_path, labelled_samples):
+    resources = labelled_samples.resources(tmp_path, "wine", world_size=2, num_workers=1)
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             CHAIN_ASSETS,

@@ -7,15 +7,6 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from bundle_helpers import (
-    error_types,
-    load_manifest,
-    make_input,
-    make_result,
-    rebind,
-    rewrite_part,
-    save_manifest,
-)
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import (
@@ -34,6 +25,15 @@ from pipeline.bundle.errors import (
     UnsafePath,
 )
 from pipeline.bundle.verify import check, verify
+from tests.helpers.bundles import (
+    error_types,
+    load_manifest,
+    make_input,
+    make_result,
+    rebind,
+    rewrite_part,
+    save_manifest,
+)
 
 P0, P1 = fmt.part_path(0), fmt.part_path(1)
 

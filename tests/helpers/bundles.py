@@ -1,20 +1,29 @@
-"""Build small bundles and corrupt them precisely, so each test trips exactly one rule."""
+"""Small bundles for tests: contract bundles to corrupt precisely, and reader bundles of any shape.
+
+Contract bundles (:func:`make_input`, :func:`make_result`) are corrupted one rule at a time, so
+each test trips exactly one check. Reader bundles (:func:`make_bundle`) have uneven part sizes,
+string ids with leading zeros, a vector feature and every ``lithi_*`` column.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.digest import content_sha256, sha256_file
 from pipeline.bundle.manifest import InputRef, JobInfo
-from pipeline.bundle.stage import stage
-from pipeline.bundle.verify import VerifiedSnapshot, check
+from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.verify import VerifiedSnapshot, check, verify
 
+#: The input snapshot every test result bundle names (it need not exist: only its identity counts).
 INPUT_REF = InputRef(version_id="input-v1", content_sha256="a" * 64)
+JOB = JobInfo(job_id="job-1", status="SUCCEEDED", attempt=1)
 
 
 def input_table(n: int = 30, start: int = 0) -> pa.Table:
@@ -104,3 +113,56 @@ def error_types(bundle: Path) -> list[type]:
     """The classes of every violation :func:`check` reports, in order."""
     _, errors, _ = check(bundle)
     return [type(e) for e in errors]
+
+
+# -- reader bundles --------------------------------------------------------------------------
+
+STATUS_CYCLE = ("accepted", "accepted", "failed", "abstained")
+
+
+def reader_table(start: int, n: int, width: int = 4) -> pa.Table:
+    """Rows ``start..start+n``: ids ``"00042"``, a float feature vector, statuses cycling."""
+    i = np.arange(start, start + n)
+    status = [STATUS_CYCLE[k % len(STATUS_CYCLE)] for k in i]
+    conf = [None if s == "failed" else float(k % 10) / 10 for s, k in zip(status, i, strict=True)]
+    feats = (i[:, None] * 10 + np.arange(width)[None, :]).astype(np.float32)
+    return pa.table(
+        {
+            "item_id": pa.array([f"{k:05d}" for k in i], pa.string()),
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(feats.ravel()), width),
+            "label": pa.array(i % 7, pa.int64()),
+            "lithi_status": pa.array(status, pa.string()),
+            "lithi_confidence": pa.array(conf, pa.float32()),
+            "lithi_verification": pa.array(["checked"] * n, pa.string()),
+        }
+    )
+
+
+def make_bundle(root: Path, sizes: Sequence[int], name: str = "bundle") -> VerifiedSnapshot:
+    """A verified result bundle whose parts hold exactly ``sizes`` rows (uneven on purpose)."""
+    root.mkdir(parents=True, exist_ok=True)
+    reused, start = [], 0
+    for k, n in enumerate(sizes):
+        # one single-part bundle per size, then bound again (hard links) as parts of the final
+        piece = stage(
+            reader_table(start, n),
+            root / f".{name}-piece-{k}",
+            id_field="item_id",
+            kind="result",
+            rows_per_part=max(n, 1),
+            job=JOB,
+            input=INPUT_REF,
+        )
+        reused.append(ReusedPart(piece.root, piece.manifest.parts[0]))
+        start += n
+    empty = reader_table(0, 0)
+    stage(
+        empty,
+        root / name,
+        id_field="item_id",
+        kind="result",
+        job=JOB,
+        input=INPUT_REF,
+        reuse_parts=reused,
+    )
+    return verify(root / name)

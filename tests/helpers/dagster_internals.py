@@ -1,0 +1,20 @@
+"""The few private Dagster names the tests need, in one place so an upgrade touches one file.
+
+The run tags the daemon stamps on sensor runs and dedupes by (``dagster/_daemon/sensor.py``), and
+the in-process workspace used to run GraphQL queries the way the webserver does.
+"""
+
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+
+__all__ = [
+    "RUN_KEY_TAG",
+    "SENSOR_NAME_TAG",
+    "InProcessCodeLocationOrigin",
+    "InProcessWorkspaceLoadTarget",
+    "LoadableTargetOrigin",
+    "WorkspaceProcessContext",
+]
