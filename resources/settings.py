@@ -1,55 +1,174 @@
-"""Settings of the chain: which Compute job it follows, where artifacts go, the PARTIAL policy.
+"""Every setting of the pipeline, parsed in one place: ``LITHI_*`` environment variables.
 
-Every field has an embedded default and an environment variable that overrides it, so the demo
-runs with no configuration and a deployment changes behaviour without a code change.
+:class:`LithiEnv` is the README's configuration table in code: each variable, its type, its
+default. A bad value is refused when the code location loads, in one line that names the
+variable and what was expected (:class:`SettingsError`). :class:`ChainSettings` is the Dagster
+resource the assets and the sensor read; ``pipeline.defs.definitions`` builds it, and the other
+resources, from one :class:`LithiEnv`.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Annotated, Literal
 
 import dagster as dg
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resources.compute.client import ComputeClient
+from resources.credentials import CredentialRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_PREFIX = "LITHI_"
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
-def lithi_home() -> Path:
-    """Where the local Compute, the bundle cache and run artifacts live (``LITHI_HOME``)."""
-    return Path(os.environ.get("LITHI_HOME") or REPO_ROOT / ".lithi").resolve()
+class SettingsError(ValueError):
+    """One or more ``LITHI_*`` variables hold a value of the wrong type or range."""
+
+
+def parse_credential_refs(text: str) -> dict[str, str]:
+    """Parse ``ref=ENV_VAR,ref2=ENV_VAR2`` (the ``LITHI_CREDENTIAL_REFS`` format) into a dict."""
+    refs: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        ref, sep, env = item.partition("=")
+        if not sep or not ref.strip() or not env.strip():
+            raise ValueError(f"expected 'ref=ENV_VAR,...', found {item!r}")
+        refs[ref.strip()] = env.strip()
+    CredentialRegistry(refs)  # validates the variable names
+    return refs
+
+
+class LithiEnv(BaseSettings):
+    """Every ``LITHI_*`` variable, its type and its default; empty counts as unset."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    home: Path = REPO_ROOT / ".lithi"
+    job_id: str = ""
+    watch_jobs: str = ""
+    chain_cron: str = "0 3 * * *"
+    max_attempts: PositiveInt = 3
+    resubmit_delay_seconds: Seconds = 5.0
+    max_resubmit_retries: NonNegativeInt = 3
+    train_on_partial: bool = False
+    world_size: PositiveInt = 1
+    num_workers: NonNegativeInt = 2
+    compute_root: Path | None = None
+    compute_executor: Literal["subprocess", "inline"] = "subprocess"
+    cache_dir: Path | None = None
+    artifacts_dir: Path | None = None
+    credential_refs: str = ""
+    credential_ref: str = ""
+
+    @field_validator("credential_refs")
+    @classmethod
+    def _refs(cls, v: str) -> str:
+        parse_credential_refs(v)
+        return v
+
+    @classmethod
+    def load(cls) -> LithiEnv:
+        """Read the environment now; raise :class:`SettingsError` naming every bad variable."""
+        try:
+            return cls()
+        except ValidationError as e:
+            raise SettingsError(describe(e)) from None
+
+    def under_home(self, path: Path | None, name: str) -> Path:
+        """``path`` if set, else ``<home>/<name>``, absolute."""
+        return (path or self.home / name).resolve()
+
+    @property
+    def compute_root_path(self) -> Path:
+        """The local Compute's root (``LITHI_COMPUTE_ROOT``, else ``<home>/compute``)."""
+        return self.under_home(self.compute_root, "compute")
+
+    @property
+    def cache_path(self) -> Path:
+        """The bundle cache (``LITHI_CACHE_DIR``, else ``<home>/cache``)."""
+        return self.under_home(self.cache_dir, "cache")
+
+    @property
+    def artifacts_path(self) -> Path:
+        """Run artifacts (``LITHI_ARTIFACTS_DIR``, else ``<home>/artifacts``)."""
+        return self.under_home(self.artifacts_dir, "artifacts")
+
+    @property
+    def credential_ref_map(self) -> dict[str, str]:
+        """``LITHI_CREDENTIAL_REFS`` parsed: ref -> NAME of the variable holding its secret."""
+        return parse_credential_refs(self.credential_refs)
+
+
+def describe(e: ValidationError) -> str:
+    """One line per bad variable: ``LITHI_X='value': what was expected``."""
+    lines = []
+    for err in e.errors():
+        name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
+        given = err.get("input")
+        shown = repr(given) if isinstance(given, str) else "<unset>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if isinstance(given, str) and given.lower() in ("nan", "inf", "-inf", "infinity"):
+            msg = "expected a finite number"
+        elif err["type"] in ("int_parsing", "int_from_float"):
+            msg = "expected a whole number"
+        elif err["type"] == "float_parsing":
+            msg = "expected a number"
+        elif err["type"] == "bool_parsing":
+            msg = "expected true or false (also 1/0, yes/no, on/off)"
+        lines.append(f"{name}={shown}: {msg}")
+    return "; ".join(lines)
+
+
+class Policy(dg.Config):
+    """How persistent to be with a PARTIAL job, and whether incomplete data may be trained on."""
+
+    model_config = {"frozen": True}
+
+    max_attempts: PositiveInt = 3
+    base_delay_seconds: Seconds = 5.0
+    backoff: float = Field(default=2.0, ge=1, allow_inf_nan=False)
+    train_on_partial: bool = False
+    max_resubmit_retries: NonNegativeInt = 3
+
+    def delay_before(self, attempt: int) -> float:
+        """Seconds to wait after attempt ``attempt`` turned out PARTIAL before resubmitting."""
+        return self.base_delay_seconds * self.backoff ** (attempt - 1)
 
 
 class ChainSettings(dg.ConfigurableResource):
-    """The Compute job(s) the chain follows and the sensor's PARTIAL policy."""
+    """The Compute job(s) the chain follows, how it trains, and the sensor's PARTIAL policy."""
 
     job_id: str = ""  # empty means the most recently submitted Compute job
     watch_jobs: str = ""  # comma-separated job ids; empty means just ``job_id``
-    max_attempts: int = 3
-    base_delay_seconds: float = 5.0
-    train_on_partial: bool = False
-    max_resubmit_retries: int = 3  # new runs for a resubmission run that failed
-    artifacts_dir: str = ""  # empty means LITHI_HOME/artifacts
+    policy: Policy = Policy()
     credential_ref: str = ""  # registered reference used to download result bundles, if any
-    world_size: int = 1  # training ranks: 1 trains in the step's process, >1 through torchrun
-    num_workers: int = 2  # DataLoader worker processes per rank
+    world_size: PositiveInt = 1  # training ranks: 1 trains in the step's process, >1 torchrun
+    num_workers: NonNegativeInt = 2  # DataLoader worker processes per rank
+    artifacts_dir: str = Field(description="Root for run artifacts (index, checkpoints, ...).")
 
     @classmethod
-    def from_env(cls) -> ChainSettings:
-        """Build from ``LITHI_*`` environment variables, falling back to the embedded defaults."""
-        env = os.environ
+    def from_env(cls, env: LithiEnv) -> ChainSettings:
+        """The settings ``env`` describes."""
         return cls(
-            job_id=env.get("LITHI_JOB_ID", ""),
-            watch_jobs=env.get("LITHI_WATCH_JOBS", ""),
-            max_attempts=int(env.get("LITHI_MAX_ATTEMPTS", "3")),
-            base_delay_seconds=float(env.get("LITHI_RESUBMIT_DELAY_SECONDS", "5")),
-            train_on_partial=env.get("LITHI_TRAIN_ON_PARTIAL", "").lower() in ("1", "true", "yes"),
-            max_resubmit_retries=int(env.get("LITHI_MAX_RESUBMIT_RETRIES", "3")),
-            artifacts_dir=env.get("LITHI_ARTIFACTS_DIR", ""),
-            credential_ref=env.get("LITHI_CREDENTIAL_REF", ""),
-            world_size=int(env.get("LITHI_WORLD_SIZE", "1")),
-            num_workers=int(env.get("LITHI_NUM_WORKERS", "2")),
+            job_id=env.job_id,
+            watch_jobs=env.watch_jobs,
+            policy=Policy(
+                max_attempts=env.max_attempts,
+                base_delay_seconds=env.resubmit_delay_seconds,
+                train_on_partial=env.train_on_partial,
+                max_resubmit_retries=env.max_resubmit_retries,
+            ),
+            credential_ref=env.credential_ref,
+            world_size=env.world_size,
+            num_workers=env.num_workers,
+            artifacts_dir=str(env.artifacts_path),
         )
 
     def resolve_job(self, client: ComputeClient) -> str | None:
@@ -66,6 +185,4 @@ class ChainSettings(dg.ConfigurableResource):
 
     def artifacts(self) -> Path:
         """Root for run artifacts: index files, checkpoints, records, predictions, bundles."""
-        return (
-            Path(self.artifacts_dir).resolve() if self.artifacts_dir else lithi_home() / "artifacts"
-        )
+        return Path(self.artifacts_dir).resolve()

@@ -1,4 +1,4 @@
-"""The Dagster resources: embedded defaults, env overrides, and a job run through them."""
+"""The Dagster resources: a job run through them inside Dagster."""
 
 from __future__ import annotations
 
@@ -7,32 +7,12 @@ import dagster as dg
 from pipeline.bundle.verify import verify
 from pipeline.defs.samples import stage_sample
 from resources.compute.client import JobSpec
-from resources.dagster_resources import (
-    BundleStoreResource,
-    ComputeResource,
-    default_resources,
-    parse_credential_refs,
-)
-
-
-def test_defaults_come_from_the_environment_when_set(tmp_path, monkeypatch):
-    monkeypatch.setenv("LITHI_HOME", str(tmp_path / "home"))
-    for name in ("LITHI_COMPUTE_ROOT", "LITHI_CACHE_DIR", "LITHI_COMPUTE_EXECUTOR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LITHI_CREDENTIAL_REFS", "lab=LAB_TOKEN, other=OTHER_TOKEN")
-    res = default_resources()
-    assert set(res) == {"compute", "bundle_store"}
-    assert res["compute"].root == str(tmp_path / "home" / "compute")
-    assert res["bundle_store"].store().cache_dir == tmp_path / "home" / "cache"
-    assert res["bundle_store"].credential_refs == {"lab": "LAB_TOKEN", "other": "OTHER_TOKEN"}
-    monkeypatch.setenv("LITHI_COMPUTE_ROOT", str(tmp_path / "elsewhere"))
-    assert isinstance(default_resources()["compute"].root, dg.EnvVar)
-    assert parse_credential_refs("") == {}
+from resources.dagster_resources import BundleStoreResource, ComputeResource
 
 
 def test_a_job_runs_through_the_resources_in_dagster(tmp_path, monkeypatch):
     inp, ref = stage_sample("wine", tmp_path / "staged")
-    monkeypatch.setenv("LITHI_COMPUTE_ROOT", str(tmp_path / "compute"))
+    monkeypatch.setenv("LITHI_TEST_COMPUTE_ROOT", str(tmp_path / "compute"))
 
     @dg.asset
     def labelled(
@@ -52,7 +32,9 @@ def test_a_job_runs_through_the_resources_in_dagster(tmp_path, monkeypatch):
     result = dg.materialize(
         [labelled],
         resources={
-            "compute": ComputeResource(root=dg.EnvVar("LITHI_COMPUTE_ROOT"), executor="inline"),
+            "compute": ComputeResource(
+                root=dg.EnvVar("LITHI_TEST_COMPUTE_ROOT"), executor="inline"
+            ),
             "bundle_store": BundleStoreResource(cache_dir=str(tmp_path / "cache")),
         },
     )

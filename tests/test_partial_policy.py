@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, Policy, decide
+from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, decide
+from resources.settings import Policy
 
 JOB = "wine-t"
 V1, V2, V3 = "wine-t-a001-aaaa", "wine-t-a002-bbbb", "wine-t-a003-cccc"

@@ -32,7 +32,7 @@ from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
 from resources.compute.labeller import REFERENCE_LABEL_COLUMN
 from resources.compute.local import LocalCompute
-from resources.settings import REPO_ROOT, lithi_home
+from resources.settings import REPO_ROOT, LithiEnv, SettingsError
 
 
 def submit_sample_job(
@@ -40,12 +40,17 @@ def submit_sample_job(
     home: Path,
     faults: FaultSpec,
     *,
+    compute_root: Path | None = None,
     job_id: str | None = None,
     executor: str = "subprocess",
 ) -> tuple[str, LocalCompute]:
-    """Stage a sample's input and reference bundles and submit a labelling job over them."""
+    """Stage a sample's input and reference bundles and submit a labelling job over them.
+
+    The bundles are staged under ``home/inputs``; the job runs on the local Compute at
+    ``compute_root`` (default ``home/compute``).
+    """
     inp, ref = samples.stage_sample(sample, home / "inputs")
-    compute = LocalCompute(home / "compute", executor)  # type: ignore[arg-type]
+    compute = LocalCompute(compute_root or home / "compute", executor)  # type: ignore[arg-type]
     job_id = job_id or f"{sample}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     compute.submit(
         JobSpec(
@@ -170,11 +175,13 @@ def truth_accuracy(sample: str, predictions_path: str) -> tuple[float, int]:
     return right / max(table.num_rows, 1), table.num_rows
 
 
-def summarize(instance: dg.DagsterInstance, compute: LocalCompute, job_id: str, run) -> dict:
+def summarize(
+    instance: dg.DagsterInstance, compute: LocalCompute, job_id: str, run, cache: Path
+) -> dict:
     """Every version of the job, what was resubmitted, and the final chain's figures."""
     from resources.bundle_store import BundleStore
 
-    store = BundleStore(lithi_home() / "cache")
+    store = BundleStore(cache)
     versions = []
     for v in compute.status(job_id).versions:
         m = store.read_manifest(compute.manifest_url(job_id, v))
@@ -261,12 +268,18 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.monotonic()
     os.environ.setdefault("DAGSTER_HOME", str(REPO_ROOT / "dagster_home"))
-    home = lithi_home()
+    try:
+        settings = LithiEnv.load()
+    except SettingsError as e:
+        print(f"pipeline.defs.demo: {e}", file=sys.stderr)
+        return 2
+    home = settings.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     job_id, compute = submit_sample_job(
         args.sample,
         home,
         FaultSpec(lose_fraction=args.lose_fraction, fail_item_fraction=args.fail_item_fraction),
+        compute_root=settings.compute_root_path,
     )
     print(
         f"submitted Compute job {job_id} over the {args.sample} sample ({args.lose_fraction:.0%} "
@@ -276,7 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         **os.environ,
         "LITHI_HOME": str(home),
         "LITHI_JOB_ID": job_id,
-        "LITHI_RESUBMIT_DELAY_SECONDS": os.environ.get("LITHI_RESUBMIT_DELAY_SECONDS", "1"),
+        # A demo need not wait the production back-off unless told to.
+        "LITHI_RESUBMIT_DELAY_SECONDS": str(
+            settings.resubmit_delay_seconds
+            if "resubmit_delay_seconds" in settings.model_fields_set
+            else 1
+        ),
         "LITHI_WORLD_SIZE": str(args.world_size),
     }
     log_path = home / "logs" / f"daemon-{job_id}.log"
@@ -289,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         daemon = start_daemon(env, log_path)
         try:
             run = wait_for_chain(instance, compute, job_id, daemon=daemon, timeout=args.timeout)
-            summary = summarize(instance, compute, job_id, run)
+            summary = summarize(instance, compute, job_id, run, settings.cache_path)
         except TimeoutError as e:
             raise SystemExit(f"{e}; the daemon's log is {log_path}") from None
         finally:

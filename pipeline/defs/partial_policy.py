@@ -11,23 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-
-class Policy(BaseModel):
-    """How persistent to be with a PARTIAL job, and whether incomplete data may be trained on."""
-
-    model_config = ConfigDict(frozen=True)
-
-    max_attempts: int = Field(default=3, ge=1)
-    base_delay_seconds: float = Field(default=5.0, ge=0)
-    backoff: float = Field(default=2.0, ge=1)
-    train_on_partial: bool = False
-    max_resubmit_retries: int = Field(default=3, ge=0)
-
-    def delay_before(self, attempt: int) -> float:
-        """Seconds to wait after attempt ``attempt`` turned out PARTIAL before resubmitting."""
-        return self.base_delay_seconds * self.backoff ** (attempt - 1)
+from resources.settings import Policy
 
 
 class JobCursor(BaseModel):

@@ -20,7 +20,7 @@ from pipeline.defs.jobs import (
     resubmit_job,
     resubmit_run_config,
 )
-from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, Policy, decide
+from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, decide
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import ComputeResource
 from resources.settings import ChainSettings
@@ -56,16 +56,6 @@ def run_request_for(action: Action) -> dg.RunRequest:
     )
 
 
-def policy_of(settings: ChainSettings) -> Policy:
-    """The sensor's policy for PARTIAL jobs, from the chain's settings."""
-    return Policy(
-        max_attempts=settings.max_attempts,
-        base_delay_seconds=settings.base_delay_seconds,
-        train_on_partial=settings.train_on_partial,
-        max_resubmit_retries=settings.max_resubmit_retries,
-    )
-
-
 def _resubmit_runs(
     instance: dg.DagsterInstance | None, job_id: str, version_id: str | None
 ) -> tuple[int, bool]:
@@ -93,7 +83,7 @@ def evaluate(
     now = time.time() if now is None else now
     cursor = Cursor.from_json(context.cursor)
     client = compute.client()
-    policy = policy_of(settings)
+    policy = settings.policy
     requests: list[dg.RunRequest] = []
     reasons: list[str] = []
     for job_id in settings.watched_jobs(client):

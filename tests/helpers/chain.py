@@ -19,7 +19,7 @@ from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
-from resources.settings import REPO_ROOT, ChainSettings
+from resources.settings import REPO_ROOT, ChainSettings, Policy
 
 FAST_TRAINING = {"ops": {"training_run": {"config": {"epochs": 3}}}}
 
@@ -30,14 +30,17 @@ def chain_resources(
     """Resources for an in-process chain over ``home`` (inline Compute, no DataLoader workers).
 
     ``compute_root`` points at a shared, already-labelled Compute (default ``home/compute``);
-    the cache and artifacts are always the test's own.
+    the cache and artifacts are always the test's own. ``settings`` are :class:`ChainSettings`
+    fields or :class:`Policy` fields.
     """
+    policy = {k: settings.pop(k) for k in list(settings) if k in Policy.model_fields}
     return {
         "compute": ComputeResource(root=str(compute_root or home / "compute"), executor="inline"),
         "bundle_store": BundleStoreResource(cache_dir=str(home / "cache")),
         "chain_settings": ChainSettings(
             job_id=job_id,
             artifacts_dir=str(home / "artifacts"),
+            policy=Policy(**policy),
             **{"world_size": 1, "num_workers": 0, **settings},
         ),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
