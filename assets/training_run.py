@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pydantic
 
 from assets import _charts as charts
 from assets import _metadata as md
@@ -24,19 +25,14 @@ from resources.settings import ChainSettings
 RECONCILES = "iterated_counts_reconcile"
 
 
-class TrainingConfig(dg.Config):
-    """Hyperparameters; the number of ranks and workers comes from ``ChainSettings``."""
-
-    epochs: int = 12
-    batch_size: int = 64
-    learning_rate: float = 3e-3
-    hidden: int = 128
-    seed: int = 0
-    reader: str = "map"
-    accepted_only: bool = True
-    weight_by_confidence: bool = True
-    target_column: str = "lithi_label"
-    holdout_percent: int = 20
+#: The run config of ``training_run``: the trainer's own config model, field for field (Dagster
+#: validates it at launch), except ``num_workers``, which comes from ``ChainSettings``.
+TrainingConfig: type[dg.Config] = pydantic.create_model(
+    "TrainingConfig",
+    __base__=dg.Config,
+    __doc__=TrainConfig.__doc__,
+    **{n: (f.annotation, f) for n, f in TrainConfig.model_fields.items() if n != "num_workers"},
+)
 
 
 def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> TrainSummary:

@@ -1,6 +1,7 @@
 """The code location loads, and its graph is exactly the chain: a cheap guard against drift."""
 
 import dagster as dg
+import pytest
 
 from assets import CHAIN_GROUP
 from pipeline.defs.definitions import build_definitions, defs
@@ -54,3 +55,15 @@ def test_every_resource_an_asset_needs_is_provided():
     # Dagster raises on a missing resource key when the jobs are resolved.
     names = {j.name for j in build_definitions().resolve_all_job_defs()}
     assert {"compute_chain_job", "resubmit_outstanding_job"} <= names
+
+
+def test_training_run_config_is_the_trainer_config_field_for_field():
+    from assets.training_run import TrainingConfig
+    from pipeline.training.fit import TrainConfig
+
+    assert set(TrainingConfig.model_fields) == set(TrainConfig.model_fields) - {"num_workers"}
+    job = defs.resolve_job_def("compute_chain_job")
+    ok = {"ops": {"training_run": {"config": {"feature_columns": ["pixels"], "epochs": 2}}}}
+    assert dg.validate_run_config(job, ok)
+    with pytest.raises(dg.DagsterInvalidConfigError, match="bogus"):
+        dg.validate_run_config(job, {"ops": {"training_run": {"config": {"reader": "bogus"}}}})

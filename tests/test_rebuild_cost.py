@@ -4,6 +4,7 @@ import dagster as dg
 
 from assets import result_manifest, verified_snapshot
 from pipeline.bundle.verify import verify
+from pipeline.defs.jobs import chain_run_config
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from tests.helpers.chain import chain_resources, sample_job
@@ -13,13 +14,7 @@ def _snapshot(tmp_path, job, version, instance) -> dict:
     result = dg.materialize(
         [result_manifest, verified_snapshot],
         resources=chain_resources(tmp_path, job),
-        run_config={
-            "ops": {
-                "result_manifest": {
-                    "config": {"job_id": job, "version_id": version, "allow_partial": True}
-                }
-            }
-        },
+        run_config=chain_run_config(job, version, allow_partial=True),
         instance=instance,
     )
     assert result.success

@@ -33,8 +33,7 @@ class FlakyComputeResource(ComputeResource):
         return FlakyCompute(self.root, "inline")
 
 
-def test_transient_error_is_retried_and_resubmits_once(tmp_path, monkeypatch):
-    monkeypatch.setattr("pipeline.defs.jobs.RETRY_BASE_SECONDS", 0.0)
+def test_transient_error_is_retried_and_resubmits_once(tmp_path):
     job = sample_job(tmp_path, "wine", FaultSpec(lose_fraction=0.3))
     compute = LocalCompute(tmp_path / "compute", "inline")
     v1 = compute.status(job).latest_version_id

@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 
 from assets import CHAIN_ASSETS
+from assets.training_run import TrainingConfig
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from tests.helpers import fake_remote
@@ -70,7 +71,7 @@ def test_secret_is_used_for_download_and_never_written(
         result = dg.materialize(
             CHAIN_ASSETS,
             resources=resources,
-            run_config={"ops": {"training_run": {"config": {"epochs": 1}}}},
+            run_config=dg.RunConfig(ops={"training_run": TrainingConfig(epochs=1)}),
             instance=instance,
         )
         assert result.success

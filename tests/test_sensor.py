@@ -178,7 +178,7 @@ def test_a_succeeded_version_gets_one_chain_run_pinned_to_it(tmp_path, wine, ins
     req = first.requests[0]
     assert req.job_name == CHAIN_JOB_NAME
     assert req.run_key == f"chain:{job}:{v}"
-    assert req.run_config == chain_run_config(job, v)
+    assert req.run_config == chain_run_config(job, v).to_config_dict()
     assert req.run_config["ops"]["result_manifest"]["config"]["version_id"] == v
     assert req.tags["lithi/version_id"] == v and req.tags["lithi/allow_partial"] == "false"
 
@@ -209,7 +209,7 @@ def test_partial_is_resubmitted_once_and_the_newer_manifest_is_chained(tmp_path,
     req = first.requests[0]
     assert req.job_name == RESUBMIT_JOB_NAME
     assert req.run_key == f"resubmit:{job}:{v1}"
-    assert req.run_config == resubmit_run_config(job, v1)
+    assert req.run_config == resubmit_run_config(job, v1).to_config_dict()
     assert req.tags["lithi/version_id"] == v1
     assert req.tags["lithi/trigger"] == "partial_resubmit"
 
@@ -233,7 +233,7 @@ def test_partial_is_resubmitted_once_and_the_newer_manifest_is_chained(tmp_path,
 
     chained = tick(instance, setup, cursor)
     assert [r.run_key for r in chained.requests] == [f"chain:{job}:{v2}"]
-    assert chained.requests[0].run_config == chain_run_config(job, v2)
+    assert chained.requests[0].run_config == chain_run_config(job, v2).to_config_dict()
     cursor = chained.cursor
     for _ in range(5):
         again = tick(instance, setup, cursor)
@@ -319,7 +319,7 @@ def test_a_crash_between_resubmission_and_cursor_update_resubmits_once(tmp_path,
 
     # The resubmission runs, and runs again as a retry or duplicate launch would.
     config = resubmit_run_config(job, v1)
-    assert req.run_config == config
+    assert req.run_config == config.to_config_dict()
     compute_resource = ComputeResource(root=str(tmp_path / "compute"), executor="inline")
     attempts = []
     for _ in range(2):
@@ -401,7 +401,7 @@ def test_every_resubmission_losing_items_stops_at_max_attempts_and_trains_nothin
     more, last_allowed = _tick_until_quiet(instance, allowed, last.cursor, ticks=6)
     (req,) = more
     assert req.job_name == CHAIN_JOB_NAME and req.run_key == f"chain:{job}:{v3}:partial"
-    assert req.run_config == chain_run_config(job, v3, allow_partial=True)
+    assert req.run_config == chain_run_config(job, v3, allow_partial=True).to_config_dict()
     assert req.tags["lithi/allow_partial"] == "true"
     assert "already requested" in last_allowed.skip
     assert setup.compute.status(job).attempt == 3  # no resubmission beyond the maximum

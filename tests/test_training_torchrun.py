@@ -4,6 +4,7 @@ import dagster as dg
 import pytest
 
 from assets import CHAIN_ASSETS
+from assets.training_run import TrainingConfig
 from pipeline.training.record import read_record
 
 
@@ -14,7 +15,7 @@ def test_training_through_torchrun_via_pipes_reconciles(tmp_path, labelled_sampl
         result = dg.materialize(
             CHAIN_ASSETS,
             resources=resources,
-            run_config={"ops": {"training_run": {"config": {"epochs": 2}}}},
+            run_config=dg.RunConfig(ops={"training_run": TrainingConfig(epochs=2)}),
             instance=instance,
         )
         assert result.success

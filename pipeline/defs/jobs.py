@@ -7,7 +7,9 @@ retryable in the UI; its idempotency key makes a retry of the same request harml
 import dagster as dg
 
 from assets import CHAIN_GROUP
-from resources.compute.client import ComputeUnavailable
+from assets.result_manifest import ResultManifestConfig
+from pipeline.bundle.errors import BundleError
+from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 
 #: Run statuses after which a run does nothing more.
@@ -27,19 +29,15 @@ chain_job = dg.define_asset_job(
 )
 
 
-def chain_run_config(job_id: str, version_id: str, allow_partial: bool = False) -> dict:
+def chain_run_config(job_id: str, version_id: str, allow_partial: bool = False) -> dg.RunConfig:
     """Run config that pins the chain to one exact result version of one Compute job."""
-    return {
-        "ops": {
-            "result_manifest": {
-                "config": {
-                    "job_id": job_id,
-                    "version_id": version_id,
-                    "allow_partial": allow_partial,
-                }
-            }
+    return dg.RunConfig(
+        ops={
+            "result_manifest": ResultManifestConfig(
+                job_id=job_id, version_id=version_id, allow_partial=allow_partial
+            )
         }
-    }
+    )
 
 
 class ResubmitConfig(dg.Config):
@@ -54,11 +52,15 @@ def idempotency_key(job_id: str, version_id: str) -> str:
     return f"resubmit:{job_id}:{version_id}"
 
 
-TRANSIENT_RETRIES = 4
-RETRY_BASE_SECONDS = 2.0
+#: A transient Compute error (unreachable, overloaded) is retried by Dagster with a growing wait:
+#: 2, 4, 8, 16 s. The same idempotency key makes every retry harmless.
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=4, delay=2, backoff=dg.Backoff.EXPONENTIAL)
 
 
-@dg.op(description="Resubmit the outstanding items of one PARTIAL result version to Compute.")
+@dg.op(
+    description="Resubmit the outstanding items of one PARTIAL result version to Compute.",
+    retry_policy=TRANSIENT_RETRY,
+)
 def resubmit_outstanding(
     context: dg.OpExecutionContext,
     config: ResubmitConfig,
@@ -67,8 +69,8 @@ def resubmit_outstanding(
 ) -> dg.Output[int]:
     """Ask Compute to run only the outstanding items; the idempotency key makes retries safe.
 
-    A transient Compute error asks Dagster to retry the op with a growing wait; the same
-    idempotency key means a retry after a resubmission that did go through starts nothing new.
+    :class:`ComputeUnavailable` propagates, so Dagster retries the op (``TRANSIENT_RETRY``); a
+    refusal (unknown job, a version that is not PARTIAL) or a bad bundle fails it for good.
     """
     client = compute.client()
     try:
@@ -81,9 +83,10 @@ def resubmit_outstanding(
             idempotency_key=idempotency_key(config.job_id, config.from_version_id),
         )
     except ComputeUnavailable as e:
-        wait = RETRY_BASE_SECONDS * 2**context.retry_number
-        context.log.warning(f"Compute unavailable ({e}); retrying in {wait:.0f}s")
-        raise dg.RetryRequested(max_retries=TRANSIENT_RETRIES, seconds_to_wait=wait) from e
+        context.log.warning(f"Compute unavailable ({e}); Dagster retries this op")
+        raise
+    except (ComputeError, BundleError) as e:
+        raise dg.Failure(f"{type(e).__name__}: {e}", allow_retries=False) from e
     context.log.info(
         f"resubmitted {manifest.counts.outstanding} outstanding items of {config.job_id} "
         f"version {config.from_version_id} as attempt {attempt}"
@@ -105,10 +108,8 @@ def resubmit_job() -> None:
     resubmit_outstanding()
 
 
-def resubmit_run_config(job_id: str, version_id: str) -> dict:
+def resubmit_run_config(job_id: str, version_id: str) -> dg.RunConfig:
     """Run config for :data:`resubmit_job`."""
-    return {
-        "ops": {
-            "resubmit_outstanding": {"config": {"job_id": job_id, "from_version_id": version_id}}
-        }
-    }
+    return dg.RunConfig(
+        ops={"resubmit_outstanding": ResubmitConfig(job_id=job_id, from_version_id=version_id)}
+    )

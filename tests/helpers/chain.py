@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.training_run import TrainingConfig
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.demo import submit_sample_job
 from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
@@ -21,7 +22,7 @@ from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import REPO_ROOT, ChainSettings, Policy
 
-FAST_TRAINING = {"ops": {"training_run": {"config": {"epochs": 3}}}}
+FAST_TRAINING = dg.RunConfig(ops={"training_run": TrainingConfig(epochs=3)})
 
 
 def chain_resources(
@@ -142,7 +143,7 @@ def build_lineage_instance(root: Path, samples: LabelledSamples) -> LineageInsta
     assert version_id, f"Compute job {job_id} ended {status.state} without a result"
 
     run_config = chain_run_config(job_id, version_id)
-    run_config["ops"].update(FAST_TRAINING["ops"])
+    run_config.ops.update(FAST_TRAINING.ops)
     # The tags the sensor puts on a rebuild from a newer manifest (pipeline.defs.sensor._tags).
     tags = {
         "lithi/job_id": job_id,
