@@ -1,13 +1,12 @@
-"""``disjoint_index``: the index built once from the verified manifest, saved, with its owners."""
+"""``disjoint_index``: the index built once from the verified manifest, with its owners."""
 
 import dagster as dg
 
 from assets import _metadata as md
-from assets._group import CHAIN_GROUP
-from assets.refs import IndexRef, SnapshotRef, verify_snapshot
+from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from pipeline.bundle.verify import VerifiedSnapshot
 from pipeline.readers.index import Index
 from pipeline.readers.split import plan_split
-from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
 DISJOINT_AND_COVERING = "index_disjoint_and_covering"
@@ -15,11 +14,9 @@ DISJOINT_AND_COVERING = "index_disjoint_and_covering"
 
 @dg.asset(
     group_name=CHAIN_GROUP,
+    io_manager_key=IO_MANAGER_KEY,
     kinds={"python", "pytorch"},
-    code_version="1",
-    description="The disjoint index: built once from the verified manifest (never by listing a "
-    "directory), ids kept as an Arrow string array, saved to a file a run can pin. Map-style "
-    "readers split its positions across ranks; iterable readers own whole parts.",
+    code_version="2",
     check_specs=[
         dg.AssetCheckSpec(
             DISJOINT_AND_COVERING,
@@ -29,19 +26,11 @@ DISJOINT_AND_COVERING = "index_disjoint_and_covering"
         )
     ],
 )
-def disjoint_index(
-    context: dg.AssetExecutionContext,
-    verified_snapshot: SnapshotRef,
-    bundle_store: BundleStoreResource,
-    chain_settings: ChainSettings,
-):
-    """Build and save the index; report per-owner sizes and prove the split covers every item."""
-    snapshot = verify_snapshot(verified_snapshot, bundle_store.store().trusted)
-    index = Index.from_snapshot(snapshot)
-    out = chain_settings.artifacts() / "disjoint_index" / context.run.run_id
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "index.parquet"
-    index.save(path)
+def disjoint_index(verified_snapshot: VerifiedSnapshot, chain_settings: ChainSettings):
+    """The disjoint index: built once from the verified manifest (never by listing a directory),
+    ids kept as an Arrow string array, saved so a run can pin it. Map-style readers split its
+    positions across ranks; iterable readers own whole parts."""
+    index = Index.from_snapshot(verified_snapshot)
     plan = plan_split(
         len(index), index.part_rows, chain_settings.world_size, chain_settings.num_workers
     )
@@ -58,15 +47,14 @@ def disjoint_index(
         for o, owned in enumerate(plan.part_owners)
     ]
     yield dg.Output(
-        IndexRef(path=str(path), digest=index.digest, snapshot=verified_snapshot),
+        index,
         metadata={
             "index_sha256": index.digest,
-            **md.identity("snapshot", snapshot.identity),
+            **md.identity("snapshot", verified_snapshot.identity),
             "items": len(index),
             "parts": len(index.part_rows),
             "world_size": chain_settings.world_size,
             "num_workers": chain_settings.num_workers,
-            "index_path": dg.MetadataValue.path(str(path)),
             "map_style_shares": md.markdown_table(["rank", "items"], rank_rows),
             "iterable_part_owners": md.markdown_table(["owner", "parts", "rows"], part_rows),
         },

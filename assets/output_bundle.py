@@ -1,90 +1,104 @@
-"""``output_bundle``: the prediction table staged as its own immutable bundle."""
+"""``output_bundle``: the prediction table staged as its own immutable bundle, with its record."""
 
 from pathlib import Path
 
 import dagster as dg
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from assets import _metadata as md
-from assets._group import CHAIN_GROUP
-from assets.refs import OutputRef, PredictionRef
+from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle.manifest import InputRef
 from pipeline.bundle.stage import new_version_id, stage
-from pipeline.bundle.verify import check
-from pipeline.training.record import OutputBundleRecord, read_record, write_record
+from pipeline.bundle.verify import VerifiedSnapshot, check
+from pipeline.training.record import OutputRecord, TrainedModel, write_record
+from resources.artifacts import ArtifactStore
+from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
 VERIFIES = "output_bundle_verifies"
 
 
 @dg.asset(
-    group_name=CHAIN_GROUP,
-    kinds={"parquet"},
-    code_version="1",
-    description="The prediction table staged as an immutable bundle (kind prediction) whose input "
-    "is the training snapshot; its identity is written into the record beside the checkpoint.",
-    check_specs=[
-        dg.AssetCheckSpec(
-            VERIFIES,
-            asset="output_bundle",
-            description="The staged bundle verifies and names the training snapshot as its input.",
-        )
-    ],
+    group_name=CHAIN_GROUP, io_manager_key=IO_MANAGER_KEY, kinds={"parquet"}, code_version="2"
 )
 def output_bundle(
     context: dg.AssetExecutionContext,
-    prediction_table: PredictionRef,
+    prediction_table: pa.Table,
+    training_run: TrainedModel,
+    bundle_store: BundleStoreResource,
     chain_settings: ChainSettings,
-):
-    """Stage the predictions, then record the bundle identity beside the checkpoint."""
-    training = prediction_table.training
-    snap = training.index.snapshot
-    table = pq.read_table(prediction_table.path)
+    artifacts: ArtifactStore,
+) -> dg.Output[VerifiedSnapshot]:
+    """The prediction table staged as an immutable bundle (kind prediction) whose input is the
+    training snapshot, published into the bundle store; a record beside it binds the bundle to
+    the training record (snapshot, index digest, checkpoint digest)."""
+    training = training_run.record
+    store = bundle_store.store()
     version = new_version_id("prediction")
-    dest = chain_settings.artifacts() / "bundles" / version
     staged = stage(
-        table,
-        dest,
-        id_field=prediction_table.id_field,
+        prediction_table,
+        store.staging_dir() / version,
+        id_field=training_run.index.id_field,
         kind="prediction",
         version_id=version,
         input=InputRef(
-            version_id=snap.identity.version_id,
-            content_sha256=snap.identity.content_sha256,
-            credential_ref=snap.credential_ref,
+            version_id=training.snapshot.version_id,
+            content_sha256=training.snapshot.content_sha256,
+            credential_ref=chain_settings.credential_ref or None,
         ),
     )
-    manifest, errors, _ = check(dest)
+    published = store.publish(staged)
+    record_path = write_record(
+        artifacts.directory(context),
+        OutputRecord(
+            output=published.identity,
+            bundle_path=str(published.root),
+            training_record=str(training_run.record_path),
+            training=training,
+        ),
+    )
+    context.log.info(
+        f"staged {published.identity.version_id} ({published.identity.content_sha256})"
+    )
+    return dg.Output(
+        published,
+        metadata={
+            **md.identity("bundle", published.identity),
+            **md.identity("input", training.snapshot),
+            **md.counts(published.manifest),
+            "bundle_path": dg.MetadataValue.path(str(published.root)),
+            "checkpoint_sha256": training.checkpoint_sha256,
+            "record": dg.MetadataValue.path(str(record_path)),
+            "training_record": dg.MetadataValue.path(str(training_run.record_path)),
+        },
+        data_version=dg.DataVersion(published.identity.content_sha256),
+    )
+
+
+@dg.asset_check(
+    asset=output_bundle,
+    additional_ins={"training_run": dg.AssetIn("training_run")},
+    description="The bundle on disk verifies (with the store's trust), names the training "
+    "snapshot as its input, and holds one row per item of the training index.",
+)
+def output_bundle_verifies(
+    output_bundle: Path, training_run: TrainedModel, bundle_store: BundleStoreResource
+) -> dg.AssetCheckResult:
+    """Re-check the published bundle independently of the step that wrote it."""
+    manifest, errors, stats = check(output_bundle, trusted=bundle_store.store().trusted)
     names_input = (
         manifest is not None
         and manifest.input is not None
-        and (manifest.input.snapshot == snap.identity)
+        and manifest.input.snapshot == training_run.record.snapshot
     )
-    yield dg.AssetCheckResult(
-        check_name=VERIFIES,
-        passed=not errors and names_input,
+    items = manifest.counts.items if manifest is not None else 0
+    return dg.AssetCheckResult(
+        passed=not errors and names_input and items == len(training_run.index),
         metadata={
             "violations": "\n".join(f"{type(e).__name__}: {e}" for e in errors) or "none",
             "names_training_snapshot": names_input,
+            "items": items,
+            "index_items": len(training_run.index),
+            "bytes_hashed": stats.bytes_hashed if stats else 0,
         },
-    )
-    record = read_record(training.record)
-    record.output_bundle = OutputBundleRecord(
-        version_id=staged.identity.version_id,
-        content_sha256=staged.identity.content_sha256,
-        path=str(dest),
-    )
-    write_record(Path(training.record).parent, record)
-    context.log.info(f"staged {staged.identity.version_id} ({staged.identity.content_sha256})")
-    yield dg.Output(
-        OutputRef(path=str(dest), identity=staged.identity),
-        metadata={
-            **md.identity("bundle", staged.identity),
-            **md.identity("input", snap.identity),
-            **md.counts(staged.manifest),
-            "bundle_path": dg.MetadataValue.path(str(dest)),
-            "checkpoint_sha256": training.checkpoint_sha256,
-            "record": dg.MetadataValue.path(training.record),
-        },
-        data_version=dg.DataVersion(staged.identity.content_sha256),
     )

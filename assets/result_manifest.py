@@ -1,10 +1,10 @@
-"""``result_manifest``: the latest complete manifest of the configured Compute job."""
+"""``result_manifest``: the manifest of one Compute result version, read first and nothing else."""
 
 import dagster as dg
 
 from assets import _metadata as md
-from assets._group import CHAIN_GROUP
-from assets.refs import ManifestRef
+from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from resources.bundle_store import SourceBundle
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
 
@@ -19,10 +19,9 @@ class ResultManifestConfig(dg.Config):
 
 @dg.asset(
     group_name=CHAIN_GROUP,
+    io_manager_key=IO_MANAGER_KEY,
     kinds={"python", "json"},
-    code_version="1",
-    description="The Compute job's result-manifest.json, read first: it binds every file, count "
-    "and schema of the bundle. A PARTIAL result is refused unless allow_partial is set.",
+    code_version="2",
 )
 def result_manifest(
     context: dg.AssetExecutionContext,
@@ -30,8 +29,9 @@ def result_manifest(
     compute: ComputeResource,
     bundle_store: BundleStoreResource,
     chain_settings: ChainSettings,
-) -> dg.Output[ManifestRef]:
-    """Read and validate the manifest of one result version (the latest unless pinned)."""
+) -> dg.Output[SourceBundle]:
+    """The Compute job's ``result-manifest.json``, read first: it binds every file, count and
+    schema of the bundle. A PARTIAL result is refused unless ``allow_partial`` is set."""
     client = compute.client()
     job_id = config.job_id or chain_settings.resolve_job(client)
     if not job_id:
@@ -41,8 +41,8 @@ def result_manifest(
     if version is None:
         raise dg.Failure(f"Compute job {job_id} has published no result yet ({status.state})")
     url = client.manifest_url(job_id, version)
-    cred = chain_settings.credential_ref or None
-    manifest = bundle_store.store().read_manifest(url, credential_ref=cred)
+    source = bundle_store.store().source(url, credential_ref=chain_settings.credential_ref or None)
+    manifest = source.manifest
     if manifest.is_partial and not config.allow_partial:
         raise dg.Failure(
             f"{job_id} version {version} is PARTIAL with {manifest.counts.outstanding} items "
@@ -72,7 +72,5 @@ def result_manifest(
         f"{job_id} version {version}: {manifest.counts.items} items, {meta['job_status']}"
     )
     return dg.Output(
-        ManifestRef(url=url, manifest=manifest, credential_ref=cred),
-        metadata=meta,
-        data_version=dg.DataVersion(manifest.snapshot.content_sha256),
+        source, metadata=meta, data_version=dg.DataVersion(manifest.snapshot.content_sha256)
     )

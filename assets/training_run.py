@@ -4,6 +4,7 @@ The record names the exact data (snapshot identity, index digest) that produced 
 so the checkpoint can be reproduced rather than only re-attempted.
 """
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,17 +14,18 @@ import pydantic
 
 from assets import _charts as charts
 from assets import _metadata as md
-from assets._group import CHAIN_GROUP
-from assets.refs import IndexRef, TrainingRef, load_index
+from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.readers.index import Index
 from pipeline.training.fit import TrainConfig, TrainSummary, fit
 from pipeline.training.model import save_checkpoint
-from pipeline.training.record import TrainingRecord, write_record
+from pipeline.training.record import TrainedModel, TrainingRecord, record_text, write_record
+from resources.artifacts import ArtifactStore
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
 RECONCILES = "iterated_counts_reconcile"
-
+CHECKPOINT = "model.pt"
+OUTCOME = "outcome.json"
 
 #: The run config of ``training_run``: the trainer's own config model, field for field (Dagster
 #: validates it at launch), except ``num_workers``, which comes from ``ChainSettings``.
@@ -38,7 +40,7 @@ TrainingConfig: type[dg.Config] = pydantic.create_model(
 def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> TrainSummary:
     outcome = fit(index, config, rank=0, world_size=1, log=log)
     digest = save_checkpoint(
-        out / "model.pt",
+        out / CHECKPOINT,
         state_dict=outcome.state_dict,
         spec=outcome.spec,
         config=config.model_dump(),
@@ -48,35 +50,35 @@ def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> Trai
 
 
 def _train_torchrun(
-    context,
+    context: dg.AssetExecutionContext,
     pipes: dg.PipesSubprocessClient,
-    ref: IndexRef,
+    index: Index,
+    cache_dir: Path,
     config: TrainConfig,
     world: int,
     out: Path,
 ) -> tuple[TrainSummary, dict]:
+    """Train with ``world`` real torchrun ranks; each verifies the bundle with the cache's trust
+    and rebuilds the index, which must have the digest this step was handed."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", str(world), "-m", "pipeline.defs.train_launch",
-        "--bundle", ref.snapshot.path, "--index", ref.path,
-        "--config", config.model_dump_json(), "--out", str(out),
+        "--bundle", str(index.snapshot.root), "--cache-dir", str(cache_dir),
+        "--index-sha256", index.digest, "--config", config.model_dump_json(), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     invocation = pipes.run(command=cmd, context=context, env=env)
     reported: dict = {}
     for result in invocation.get_results():
         reported.update({f"pipes/{k}": v for k, v in (result.metadata or {}).items()})
-    return TrainSummary.model_validate_json((out / "outcome.json").read_text()), reported
+    return TrainSummary.model_validate_json((out / OUTCOME).read_text()), reported
 
 
 @dg.asset(
     group_name=CHAIN_GROUP,
+    io_manager_key=IO_MANAGER_KEY,
     kinds={"pytorch"},
-    code_version="1",
-    description="A classifier trained on your hardware from the disjoint index: accepted rows, "
-    "weighted by confidence (both configurable). world_size 1 trains in the step's process; more "
-    "ranks run as real torchrun processes through Dagster Pipes. Writes the checkpoint and, "
-    "beside it, a record of the training snapshot, index digest, config and metrics.",
+    code_version="2",
     check_specs=[
         dg.AssetCheckSpec(
             RECONCILES,
@@ -89,69 +91,70 @@ def _train_torchrun(
 def training_run(
     context: dg.AssetExecutionContext,
     config: TrainingConfig,
-    disjoint_index: IndexRef,
-    bundle_store: BundleStoreResource,
+    disjoint_index: Index,
     chain_settings: ChainSettings,
+    artifacts: ArtifactStore,
+    bundle_store: BundleStoreResource,
     pipes_subprocess_client: dg.PipesSubprocessClient,
 ):
-    """Train, checkpoint, and write the record beside the checkpoint."""
+    """A classifier trained on your hardware from the disjoint index: accepted rows, weighted
+    by confidence (both configurable). world_size 1 trains in the step's process; more ranks run
+    as real torchrun processes through Dagster Pipes. The checkpoint's folder holds, beside it, a
+    record of the training snapshot, index digest, config and metrics, written once."""
     train_config = TrainConfig(**config.model_dump(), num_workers=chain_settings.num_workers)
-    out = chain_settings.artifacts() / "training_run" / context.run.run_id
-    out.mkdir(parents=True, exist_ok=True)
+    out = artifacts.directory(context)
     world = chain_settings.world_size
-    index = load_index(disjoint_index, bundle_store.store().trusted)
-    snapshot = index.snapshot
+    index = disjoint_index
     reported: dict = {}
     if world == 1:
-        outcome = _train_in_process(index, train_config, out, context.log.info)
+        summary = _train_in_process(index, train_config, out, context.log.info)
     else:
-        outcome, reported = _train_torchrun(
-            context, pipes_subprocess_client, disjoint_index, train_config, world, out
+        summary, reported = _train_torchrun(
+            context,
+            pipes_subprocess_client,
+            index,
+            bundle_store.store().cache_dir,
+            train_config,
+            world,
+            out,
         )
-    report = outcome.reconciliation.as_dict()
+    report = summary.reconciliation
     record = TrainingRecord(
-        snapshot=snapshot.identity,
+        snapshot=index.snapshot.identity,
         index_sha256=index.digest,
-        index_path=disjoint_index.path,
-        checkpoint_file="model.pt",
-        checkpoint_sha256=outcome.checkpoint_sha256,
         config=train_config.model_dump(),
         world_size=world,
-        metrics=outcome.metrics,
-        loss_curve=outcome.loss_curve,
+        checkpoint_file=CHECKPOINT,
+        checkpoint_sha256=summary.checkpoint_sha256,
+        metrics=summary.metrics,
+        loss_curve=summary.loss_curve,
         reconciliation=report,
     )
     record_path = write_record(out, record)
-    svg = charts.loss_svg(outcome.loss_curve, out / "loss.svg")
+    svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")
     yield dg.AssetCheckResult(
         check_name=RECONCILES,
-        passed=bool(report["ok"]),
-        metadata={k: v for k, v in report.items() if isinstance(v, (int, float, str, bool))},
+        passed=report.ok,
+        metadata={k: v for k, v in report.as_dict().items() if isinstance(v, int | float | str)},
     )
-    metrics = outcome.metrics
     yield dg.Output(
-        TrainingRef(
-            checkpoint=str(out / "model.pt"),
-            checkpoint_sha256=outcome.checkpoint_sha256,
-            record=str(record_path),
-            index=disjoint_index,
-        ),
+        TrainedModel(index, out, record),
         metadata={
-            **md.identity("snapshot", snapshot.identity),
+            **md.identity("snapshot", index.snapshot.identity),
             "index_sha256": index.digest,
-            "checkpoint_sha256": outcome.checkpoint_sha256,
-            "checkpoint": dg.MetadataValue.path(str(out / "model.pt")),
+            "checkpoint_sha256": summary.checkpoint_sha256,
+            "checkpoint": dg.MetadataValue.path(str(out / CHECKPOINT)),
             "record": dg.MetadataValue.path(str(record_path)),
-            "record_json": dg.MetadataValue.json(record.model_dump(mode="json")),
+            "record_json": dg.MetadataValue.json(json.loads(record_text(record))),
             "loss_curve_chart": dg.MetadataValue.md(charts.svg_markdown(svg)),
-            "loss_curve": dg.MetadataValue.md(charts.loss_markdown(outcome.loss_curve)),
+            "loss_curve": dg.MetadataValue.md(charts.loss_markdown(summary.loss_curve)),
             "loss_curve_svg": dg.MetadataValue.path(str(svg)),
-            "final_loss": float(outcome.loss_curve[-1]),
-            "holdout_accuracy": float(metrics["holdout_accuracy"]),
-            "train_accuracy": float(metrics["train_accuracy"]),
+            "final_loss": float(summary.loss_curve[-1]),
+            "holdout_accuracy": float(summary.metrics["holdout_accuracy"]),
+            "train_accuracy": float(summary.metrics["train_accuracy"]),
             "world_size": world,
-            "items_iterated": int(report["items_iterated"]),
+            "items_iterated": report.items_iterated,
             **reported,
         },
-        data_version=dg.DataVersion(outcome.checkpoint_sha256),
+        data_version=dg.DataVersion(summary.checkpoint_sha256),
     )

@@ -3,10 +3,10 @@
 import dagster as dg
 
 from assets import _metadata as md
-from assets._group import CHAIN_GROUP
-from assets.refs import ManifestRef, SnapshotRef
+from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle.errors import BundleError
-from pipeline.bundle.verify import check
+from pipeline.bundle.verify import VerifiedSnapshot, check
+from resources.bundle_store import SourceBundle
 from resources.dagster_resources import BundleStoreResource
 
 BINDS_EVERY_FILE = "manifest_binds_every_file"
@@ -14,11 +14,9 @@ BINDS_EVERY_FILE = "manifest_binds_every_file"
 
 @dg.asset(
     group_name=CHAIN_GROUP,
+    io_manager_key=IO_MANAGER_KEY,
     kinds={"python", "parquet"},
-    code_version="1",
-    description="The result bundle, downloaded once into the content-addressed cache and verified:"
-    " every bound file's bytes, sha256, rows and schema; no unbound file; ids unique strings. Its "
-    "data version is the content digest, so a new bundle marks everything downstream stale.",
+    code_version="2",
     check_specs=[
         dg.AssetCheckSpec(
             BINDS_EVERY_FILE,
@@ -30,20 +28,24 @@ BINDS_EVERY_FILE = "manifest_binds_every_file"
 )
 def verified_snapshot(
     context: dg.AssetExecutionContext,
-    result_manifest: ManifestRef,
+    result_manifest: SourceBundle,
     bundle_store: BundleStoreResource,
 ):
-    """Fetch (only what the cache lacks) and verify; a violation fails the blocking check."""
+    """The result bundle, downloaded once into the content-addressed cache and verified: every
+    bound file's bytes, sha256, rows and schema; no unbound file; ids unique strings. Its data
+    version is the content digest. Files enter the cache hashed on arrival; parts an earlier
+    version already brought are vouched for by the cache, so a rebuild hashes only new bytes."""
     store = bundle_store.store()
+    source = result_manifest
     try:
-        fetched = store.fetch(result_manifest.url, credential_ref=result_manifest.credential_ref)
+        fetched = store.fetch(source.url, credential_ref=source.credential_ref)
     except BundleError as e:
         yield dg.AssetCheckResult(
             check_name=BINDS_EVERY_FILE,
             passed=False,
             metadata={"violations": 1, "details": f"{type(e).__name__}: {e}"},
         )
-        raise dg.Failure(f"bundle at {result_manifest.url} could not be fetched: {e}") from e
+        raise dg.Failure(f"bundle at {source.url} could not be fetched: {e}") from e
     manifest, errors, stats = check(fetched.path, trusted=store.trusted)
     violations = [f"{type(e).__name__}: {e}" for e in errors]
     yield dg.AssetCheckResult(
@@ -55,24 +57,18 @@ def verified_snapshot(
     if errors:
         raise dg.Failure(f"bundle {fetched.path} does not verify:\n" + "\n".join(violations))
     assert manifest is not None and stats is not None
-    if manifest.snapshot != result_manifest.manifest.snapshot:
+    if manifest.snapshot != source.manifest.snapshot:
         raise dg.Failure(
             f"the fetched bundle is {manifest.snapshot}, but result_manifest read "
-            f"{result_manifest.manifest.snapshot}"
+            f"{source.manifest.snapshot}"
         )
-    # Files are hashed when they enter the read-only, content-addressed cache; parts verified
-    # for an earlier version are vouched for by the cache, so a rebuild hashes only new bytes.
     hashed = fetched.bytes_hashed + stats.bytes_hashed
     context.log.info(
         f"verified {manifest.snapshot.version_id}: hashed {hashed} of {stats.bytes_total} bytes "
         f"({fetched.files_downloaded} files downloaded, {fetched.files_reused} reused from cache)"
     )
     yield dg.Output(
-        SnapshotRef(
-            path=str(fetched.path),
-            identity=manifest.snapshot,
-            credential_ref=result_manifest.credential_ref,
-        ),
+        VerifiedSnapshot(root=fetched.path.resolve(), manifest=manifest, stats=stats),
         metadata={
             **md.identity("snapshot", manifest.snapshot),
             **md.counts(manifest),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
+from pydantic import BaseModel, ConfigDict
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import (
@@ -31,11 +32,27 @@ from pipeline.bundle.atomic import (
 )
 from pipeline.bundle.digest import sha256_file
 from pipeline.bundle.errors import DigestMismatch, IncompleteBundle, SizeMismatch, UnsafePath
+from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
+from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
 _COPY_CHUNK = 4 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class SourceBundle(BaseModel):
+    """A bundle to read, known by its manifest only: where it is and what it binds.
+
+    What the chain's first link hands on: nothing but the manifest has been read, so nothing is
+    trusted yet; :meth:`BundleStore.fetch` downloads and hashes what it binds.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+    credential_ref: str | None = None
+    manifest: Manifest
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,14 @@ class BundleStore:
             self._manifest_bytes(fs, root, url), path=_join(url, fmt.MANIFEST_NAME)
         )
 
+    def source(self, url: str, credential_ref: str | None = None) -> SourceBundle:
+        """The bundle at ``url`` as a :class:`SourceBundle` (its manifest read and validated)."""
+        return SourceBundle(
+            url=url,
+            credential_ref=credential_ref,
+            manifest=self.read_manifest(url, credential_ref),
+        )
+
     @staticmethod
     def _manifest_bytes(fs: fsspec.AbstractFileSystem, root: str, url: str) -> bytes:
         try:
@@ -138,12 +163,13 @@ class BundleStore:
     def _ledger_path(self, sha256: str) -> Path:
         return self.ledger_dir / f"{sha256}.json"
 
-    def _ledger_matches(self, sha256: str, st: os.stat_result) -> bool:
+    def _ledger_matches(self, sha256: str) -> bool:
+        """Whether the object is still the file that was hashed when it entered the cache."""
         try:
-            rec = json.loads(self._ledger_path(sha256).read_text())
+            recorded = Fingerprint.from_dict(json.loads(self._ledger_path(sha256).read_text()))
         except (FileNotFoundError, ValueError):
             return False
-        return rec == _ledger_record(st)
+        return matches(self.object_path(sha256), recorded)
 
     def _have(self, entry: FileEntry) -> bool:
         try:
@@ -153,7 +179,7 @@ class BundleStore:
         return (
             st.st_size == entry.bytes
             and not st.st_mode & 0o222
-            and self._ledger_matches(entry.sha256, st)
+            and self._ledger_matches(entry.sha256)
         )
 
     def _adopt(self, entry: FileEntry) -> bool:
@@ -167,7 +193,8 @@ class BundleStore:
         return False
 
     def _record(self, sha256: str, obj: Path) -> None:
-        atomic_write_text(self._ledger_path(sha256), json.dumps(_ledger_record(obj.stat())) + "\n")
+        fp = Fingerprint.of(obj).as_dict()
+        atomic_write_text(self._ledger_path(sha256), json.dumps(fp) + "\n")
 
     def _download(
         self, fs: fsspec.AbstractFileSystem, remote: str, entry: FileEntry, url: str
@@ -289,12 +316,53 @@ class BundleStore:
             and stat.S_ISREG(ost.st_mode)
             and not ost.st_mode & 0o222
             and ost.st_size == entry.bytes
-            and self._ledger_matches(entry.sha256, ost)
+            and self._ledger_matches(entry.sha256)
         )
 
+    def verify(self, path: str | os.PathLike[str]) -> VerifiedSnapshot:
+        """Verify a bundle view of this cache: every rule, hashing only what the cache cannot
+        vouch for (see :meth:`trusted`)."""
+        return verify(path, trusted=self.trusted)
 
-def _ledger_record(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+    # -- publish -----------------------------------------------------------------------------
+
+    def staging_dir(self) -> Path:
+        """Where to :func:`~pipeline.bundle.stage.stage` a bundle that :meth:`publish` adopts
+        (inside the cache, so adopting it is a rename, not a copy)."""
+        d = self.cache_dir / "staging"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def publish(self, staged: VerifiedSnapshot) -> VerifiedSnapshot:
+        """Adopt a bundle just staged under :meth:`staging_dir` as cache objects; return its view.
+
+        ``staged`` was verified by ``stage`` (its digests computed from the written files), so
+        its files become read-only objects recorded in the ledger without being hashed again,
+        exactly as a download is after its digest check. The staged directory is removed; the
+        bundle lives on as ``bundles/<version_id>/``, verifiable with :meth:`trusted`.
+        """
+        root = Path(staged.root)
+        if root.parent != self.staging_dir().resolve():
+            raise ValueError(f"{root}: publish adopts bundles staged under {self.staging_dir()}")
+        manifest = staged.manifest
+        raw = (root / fmt.MANIFEST_NAME).read_bytes()
+        for entry in manifest.bound_files:
+            obj = self.object_path(entry.sha256)
+            if self._have(entry) or (obj.exists() and self._adopt(entry)):
+                continue  # the same bytes are already an object (an earlier identical output)
+            src = root / entry.path
+            os.chmod(src, 0o444)
+            try:
+                rename_noreplace(src, obj)
+            except FileExistsError:  # a concurrent fetch published the same bytes first
+                if not self._have(entry):
+                    self._adopt(entry)
+                continue
+            fsync_dir(self.objects_dir)
+            self._record(entry.sha256, obj)
+        view = self._materialize(manifest, raw)
+        shutil.rmtree(root, ignore_errors=True)
+        return self.verify(view)
 
 
 def _remove(path: Path) -> None:

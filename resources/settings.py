@@ -151,7 +151,6 @@ class ChainSettings(dg.ConfigurableResource):
     credential_ref: str = ""  # registered reference used to download result bundles, if any
     world_size: PositiveInt = 1  # training ranks: 1 trains in the step's process, >1 torchrun
     num_workers: NonNegativeInt = 2  # DataLoader worker processes per rank
-    artifacts_dir: str = Field(description="Root for run artifacts (index, checkpoints, ...).")
 
     @classmethod
     def from_env(cls, env: LithiEnv) -> ChainSettings:
@@ -168,7 +167,6 @@ class ChainSettings(dg.ConfigurableResource):
             credential_ref=env.credential_ref,
             world_size=env.world_size,
             num_workers=env.num_workers,
-            artifacts_dir=str(env.artifacts_path),
         )
 
     def resolve_job(self, client: ComputeClient) -> str | None:
@@ -182,7 +180,3 @@ class ChainSettings(dg.ConfigurableResource):
             return ids
         job = self.resolve_job(client)
         return [job] if job else []
-
-    def artifacts(self) -> Path:
-        """Root for run artifacts: index files, checkpoints, records, predictions, bundles."""
-        return Path(self.artifacts_dir).resolve()

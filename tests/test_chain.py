@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from assets import CHAIN_ASSETS
+from assets import CHAIN_ASSETS, CHAIN_CHECKS
+from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.bundle.verify import verify
 from pipeline.cli import main as bundle_cli
-from pipeline.training.record import read_record
+from pipeline.training.record import OutputRecord, read_record
+from resources.compute.local import LocalCompute
 from tests.helpers.chain import FAST_TRAINING
 
 
@@ -25,14 +28,23 @@ def _meta(result: dg.ExecuteInProcessResult, asset: str) -> dict:
 def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsys):
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            CHAIN_ASSETS,
+            [*CHAIN_ASSETS, *CHAIN_CHECKS],
             resources=labelled_samples.resources(tmp_path, sample),
             run_config=FAST_TRAINING,
             instance=instance,
         )
     assert result.success
-    for check in result.get_asset_check_evaluations():
-        assert check.passed, check.check_name
+    checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+    assert checks == dict.fromkeys(
+        [
+            "manifest_binds_every_file",
+            "index_disjoint_and_covering",
+            "iterated_counts_reconcile",
+            "one_row_per_item",
+            "output_bundle_verifies",
+        ],
+        True,
+    )
 
     manifest = _meta(result, "result_manifest")
     snapshot = _meta(result, "verified_snapshot")
@@ -46,24 +58,30 @@ def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsy
     assert output["input/content_sha256"] == sha
     assert manifest["accepted"] + manifest["failed"] + manifest["abstained"] == manifest["items"]
 
-    # The record beside the checkpoint names the data that produced it and what it produced.
+    # The record beside the checkpoint names the data that produced it; the UI shows the file.
     record = read_record(training["record"])
+    assert training["record_json"] == json.loads(Path(training["record"]).read_text())
     assert record.snapshot.content_sha256 == sha
     assert record.index_sha256 == training["index_sha256"]
-    assert record.output_bundle is not None
-    assert record.output_bundle.content_sha256 == output["bundle/content_sha256"]
-    assert record.reconciliation["ok"] is True
-    assert record.reconciliation["items_iterated"] == manifest["items"]
+    assert record.reconciliation.ok is True
+    assert record.reconciliation.items_iterated == manifest["items"]
+
+    # The output bundle's own record binds it to that training record, which nobody rewrote.
+    out_record = read_record(output["record"], OutputRecord)
+    assert out_record.output.content_sha256 == output["bundle/content_sha256"]
+    assert out_record.training == record
+    assert Path(out_record.training_record) == Path(training["record"])
+    assert Path(output["record"]).parent != Path(training["record"]).parent
 
     # One prediction row per item, keyed by the same string ids, failed/abstained included.
     table = pq.read_table(predictions["table_path"])
     src = verify(snapshot["bundle_path"])
-    src_ids = pq.read_table(src.part_paths()[0], columns=[src.manifest.item_id_field])
     id_field = src.manifest.item_id_field
     assert table.num_rows == manifest["items"]
     assert len(set(table.column(id_field).to_pylist())) == table.num_rows
     assert table.column(id_field).type == "string"
-    assert src_ids.column(0)[0].as_py() in set(table.column(id_field).to_pylist())
+    first_id = pq.read_table(src.part_paths()[0], columns=[id_field]).column(0)[0].as_py()
+    assert first_id in set(table.column(id_field).to_pylist())
     assert set(table.column("checkpoint_sha256").to_pylist()) == {record.checkpoint_sha256}
 
     # The output bundle passes `lithi-bundle verify` and names the training snapshot as input.
@@ -74,3 +92,29 @@ def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsy
     assert out.manifest.kind == "prediction"
     assert out.manifest.input.content_sha256 == sha
     assert training["holdout_accuracy"] > 0.5
+
+
+def test_a_chain_run_hashes_each_bundle_once(tmp_path, labelled_samples):
+    job = labelled_samples.jobs["digits"]
+    result_bytes = verify(LocalCompute(labelled_samples.compute_root).manifest_url(job))
+    before = file_bytes_hashed()
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [*CHAIN_ASSETS, *CHAIN_CHECKS],
+            resources=labelled_samples.resources(tmp_path, "digits"),
+            run_config=FAST_TRAINING,
+            instance=instance,
+        )
+    hashed = file_bytes_hashed() - before
+    assert result.success
+    output = verify(_meta(result, "output_bundle")["bundle_path"])
+    checkpoint = Path(_meta(result, "training_run")["checkpoint"]).stat().st_size
+    # The result bundle once on arrival in the cache, the output bundle once as it is staged,
+    # the checkpoint once as it is written; every later load verifies with trust.
+    expected = result_bytes.stats.bytes_total + output.stats.bytes_total + checkpoint
+    print(
+        f"\nbytes hashed by one chain run: {hashed} (result bundle "
+        f"{result_bytes.stats.bytes_total}, output bundle {output.stats.bytes_total}, "
+        f"checkpoint {checkpoint})"
+    )
+    assert hashed == expected

@@ -14,6 +14,15 @@ CHAIN = [
     "prediction_table",
     "output_bundle",
 ]
+#: Each link's parents: the chain, and the training run beside the predictions it staged.
+PARENTS = {
+    "result_manifest": set(),
+    "verified_snapshot": {"result_manifest"},
+    "disjoint_index": {"verified_snapshot"},
+    "training_run": {"disjoint_index"},
+    "prediction_table": {"training_run"},
+    "output_bundle": {"prediction_table", "training_run"},
+}
 CHECKS = {
     "verified_snapshot": {("manifest_binds_every_file", True)},
     "disjoint_index": {("index_disjoint_and_covering", True)},
@@ -27,10 +36,10 @@ def test_assets_form_one_chain_in_one_group_with_descriptions_kinds_and_code_ver
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == set(CHAIN)
-    for upstream, name in zip([None, *CHAIN], CHAIN, strict=False):
+    for name in CHAIN:
         node = graph.get(dg.AssetKey(name))
         parents = {p.to_user_string() for p in node.parent_keys}
-        assert parents == ({upstream} if upstream else set()), name
+        assert parents == PARENTS[name], name
         assert node.group_name == CHAIN_GROUP
         assert node.description and node.code_version and node.kinds, name
 

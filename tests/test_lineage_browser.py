@@ -26,6 +26,7 @@ from assets import CHAIN_ASSETS, CHAIN_GROUP
 from pipeline.defs.jobs import CHAIN_JOB_NAME
 from pipeline.training.record import read_record
 from resources.settings import REPO_ROOT
+from tests.helpers.chain import CHAIN_EDGES
 
 if TYPE_CHECKING:
     from tests.helpers.chain import LineageInstance
@@ -187,14 +188,14 @@ def test_asset_graph_shows_the_six_assets_and_their_edges(page, webserver):
     page.wait_for_function(
         "n => [...document.querySelectorAll('svg:has(foreignObject) path')]"
         ".filter(p => !p.closest('marker') && p.getAttribute('fill') === 'none').length >= n",
-        arg=len(CHAIN) - 1,
+        arg=len(CHAIN_EDGES),
     )
     graph = page.evaluate(EDGES_JS)
     _shot(page, "asset_graph.png")
 
     assert sorted(_chain_name(t) for t in graph["nodes"]) == sorted(CHAIN)
     edges = sorted((_chain_name(a), _chain_name(b)) for a, b in graph["edges"])
-    assert edges == sorted(zip(CHAIN, CHAIN[1:], strict=False))
+    assert edges == sorted(CHAIN_EDGES)
 
 
 def test_training_run_page_shows_the_checkpoint_record_and_data_digest(

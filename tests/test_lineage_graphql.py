@@ -19,6 +19,7 @@ from assets import CHAIN_ASSETS, CHAIN_GROUP
 from pipeline.defs.definitions import defs
 from pipeline.defs.jobs import CHAIN_JOB_NAME
 from resources.settings import REPO_ROOT
+from tests.helpers.chain import CHAIN_EDGES
 from tests.helpers.dagster_internals import (
     InProcessCodeLocationOrigin,
     InProcessWorkspaceLoadTarget,
@@ -147,8 +148,8 @@ def test_edges_are_exactly_the_chain(graphql):
     downstream = {
         name: sorted(k["path"][-1] for k in n["dependedByKeys"]) for name, n in nodes.items()
     }
-    assert upstream == {b: [a] for a, b in zip(CHAIN, CHAIN[1:], strict=False)} | {CHAIN[0]: []}
-    assert downstream == {a: [b] for a, b in zip(CHAIN, CHAIN[1:], strict=False)} | {CHAIN[-1]: []}
+    assert upstream == {n: sorted(a for a, b in CHAIN_EDGES if b == n) for n in CHAIN}
+    assert downstream == {n: sorted(b for a, b in CHAIN_EDGES if a == n) for n in CHAIN}
 
 
 def test_training_run_metadata_names_the_data_it_was_trained_on(graphql, lineage_instance):

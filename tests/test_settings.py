@@ -19,7 +19,7 @@ from tests.helpers.chain import sample_job
 
 
 def _settings(**kw) -> ChainSettings:
-    return ChainSettings(artifacts_dir="unused", **kw)
+    return ChainSettings(**kw)
 
 
 def test_chain_follows_the_most_recently_submitted_job_unless_told(tmp_path):
@@ -63,7 +63,7 @@ def test_every_setting_comes_from_its_variable(clean_env, tmp_path):
     assert (s.job_id, s.world_size, s.num_workers) == ("j-1", 2, 0)
     assert (s.policy.max_attempts, s.policy.base_delay_seconds) == (5, 0.5)
     assert s.policy.train_on_partial is True
-    assert s.artifacts() == tmp_path / "home" / "artifacts"  # under LITHI_HOME by default
+    assert res["artifacts"].root == str(tmp_path / "home" / "artifacts")  # under LITHI_HOME
     assert res["compute"].root == str(tmp_path / "home" / "compute")
     assert res["compute"].executor == "inline"
     assert res["bundle_store"].store().cache_dir == tmp_path / "elsewhere"

@@ -18,7 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.bundle import format as fmt
-from pipeline.bundle.errors import BundleExists, CountMismatch, IdentifierError, StatusMismatch
+from pipeline.bundle.digest import file_bytes_hashed
+from pipeline.bundle.errors import (
+    BundleExists,
+    CountMismatch,
+    DigestMismatch,
+    IdentifierError,
+    StatusMismatch,
+)
 from pipeline.bundle.manifest import JobInfo, Schema
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import verify
@@ -372,3 +379,29 @@ def test_empty_table_is_a_bundle_with_no_parts(tmp_path):
     snap = stage(input_table(0), tmp_path / "b", id_field="id", kind="input")
     assert snap.manifest.parts == [] and snap.manifest.counts.items == 0
     assert snap.identity.content_sha256 == hashlib.sha256(b"").hexdigest()
+
+
+def test_staging_hashes_each_written_file_once(tmp_path):
+    before = file_bytes_hashed()
+    snap = make_result(tmp_path / "r", n=30, rows_per_part=10, outstanding=["late-1"])
+    assert file_bytes_hashed() - before == snap.stats.bytes_total  # written, hashed, verified
+    assert snap.stats.bytes_hashed == 0  # the verification trusted the fresh digests...
+    assert verify(snap.root).stats.bytes_hashed == snap.stats.bytes_total  # ...which hold
+
+
+def test_a_reused_part_is_hashed_and_a_corrupt_one_refused(tmp_path):
+    old = make_result(tmp_path / "v1", n=20, rows_per_part=10)
+    entry = old.manifest.parts[0]
+    bad = entry.model_copy(update={"sha256": "0" * 64})
+    with pytest.raises(DigestMismatch, match="part-00000"):
+        stage(
+            result_table(21).slice(20),
+            tmp_path / "v2",
+            id_field="id",
+            kind="result",
+            job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2),
+            input=INPUT_REF,
+            reuse_parts=[ReusedPart(old.root, bad)],
+        )
+    assert not (tmp_path / "v2").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["v1"]  # nothing half-written left behind

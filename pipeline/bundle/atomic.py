@@ -6,10 +6,12 @@ half-written on a crash" is implemented once.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 _AT_FDCWD = -100
@@ -64,18 +66,18 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     os.rename(src, dst)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool = True) -> None:
-    """Write ``data`` to ``path`` through a fsynced temporary sibling and one rename.
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` to write; on success fsync it and rename it to
+    ``path`` in one step, on any error remove it. A reader sees the old file or the whole new one.
 
-    With ``replace=False`` the write fails with ``FileExistsError`` if ``path`` already exists.
+    With ``replace=False`` the rename fails with ``FileExistsError`` if ``path`` already exists.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    with open(tmp, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     try:
+        yield tmp
+        fsync_file(tmp)
         if replace:
             os.replace(tmp, path)
         else:
@@ -84,6 +86,15 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bo
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool = True) -> None:
+    """Write ``data`` to ``path`` through a fsynced temporary sibling and one rename.
+
+    With ``replace=False`` the write fails with ``FileExistsError`` if ``path`` already exists.
+    """
+    with atomic_path(path, replace=replace) as tmp, open(tmp, "xb") as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, replace: bool = True) -> None:

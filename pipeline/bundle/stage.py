@@ -25,6 +25,7 @@ from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import atomic_write_text, fsync_dir, fsync_file, rename_noreplace
 from pipeline.bundle.digest import content_sha256, sha256_file
 from pipeline.bundle.errors import BundleExists, CountMismatch, IdentifierError, SchemaMismatch
+from pipeline.bundle.fingerprint import Fingerprint, trust_recorded
 from pipeline.bundle.manifest import (
     Counts,
     FileEntry,
@@ -99,11 +100,22 @@ def stage(
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.staging-{secrets.token_hex(6)}"
     (tmp / fmt.PARTS_DIR).mkdir(parents=True)
+    # Files this call wrote and hashed: verified below without hashing them a second time.
+    hashed: dict[str, Fingerprint] = {}
     try:
         parts = _link_parts(tmp, reuse_parts)
         status_counts = dict.fromkeys(fmt.STATUSES, 0)
         parts += _write_parts(
-            tmp, batches, target, id_field, kind, rows_per_part, len(parts), status_counts, on_rows
+            tmp,
+            batches,
+            target,
+            id_field,
+            kind,
+            rows_per_part,
+            len(parts),
+            status_counts,
+            on_rows,
+            hashed,
         )
         for r in reuse_parts:  # reused parts' statuses count too; read just that column
             if kind == "result":
@@ -111,13 +123,15 @@ def stage(
                 _add_statuses(col.column(0), status_counts)
         outstanding = None
         if outstanding_ids is not None and len(outstanding_ids) > 0:
-            outstanding = _write_outstanding(tmp, outstanding_ids, id_field)
+            outstanding = _write_outstanding(tmp, outstanding_ids, id_field, hashed)
         fsync_dir(tmp / fmt.PARTS_DIR)
         manifest = _manifest(
             kind, declared, id_field, parts, outstanding, status_counts, job, input, version_id
         )
         atomic_write_text(tmp / fmt.MANIFEST_NAME, manifest.to_json(), replace=False)
-        staged = verify(tmp)  # never publish what would not verify
+        # Never publish what would not verify: every rule is checked; only the digests this call
+        # just computed from the written files are not computed again. Reused parts are hashed.
+        staged = verify(tmp, trusted=trust_recorded(hashed))
         try:
             rename_noreplace(tmp, dest)
         except FileExistsError:
@@ -130,7 +144,7 @@ def stage(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     # The rename moved exactly the verified files (RENAME_NOREPLACE: nothing was merged into an
-    # existing directory), so hashing them a third time would prove nothing new.
+    # existing directory), so hashing them again would prove nothing new.
     return VerifiedSnapshot(root=dest.resolve(), manifest=staged.manifest, stats=staged.stats)
 
 
@@ -192,6 +206,7 @@ def _write_parts(
     first: int,
     status_counts: dict[str, int],
     on_rows: Callable[[int], None] | None,
+    hashed: dict[str, Fingerprint],
 ) -> list[FileEntry]:
     """Write the batches as parts of ``rows_per_part`` rows, in row groups of ``ROW_GROUP_ROWS``.
 
@@ -224,11 +239,7 @@ def _write_parts(
             return
         writer.close()
         rel = fmt.part_path(first + len(entries))
-        p = tmp / rel
-        fsync_file(p)
-        entries.append(
-            FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows_in_part)
-        )
+        entries.append(_hashed_entry(tmp, rel, rows_in_part, hashed))
         writer, rows_in_part = None, 0
 
     for batch in batches:
@@ -283,19 +294,26 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema, id_field: str) -> pa.Reco
     return pa.RecordBatch.from_arrays(cols, schema=target)
 
 
-def _write_outstanding(tmp: Path, ids: Sequence[str] | pa.Array, id_field: str) -> FileEntry:
+def _hashed_entry(tmp: Path, rel: str, rows: int, hashed: dict[str, Fingerprint]) -> FileEntry:
+    """Flush a written file, hash it once, and remember its fingerprint for the verification."""
+    p = tmp / rel
+    fsync_file(p)
+    digest = sha256_file(p)
+    hashed[rel] = Fingerprint.of(p)
+    return FileEntry(path=rel, sha256=digest, bytes=p.stat().st_size, rows=rows)
+
+
+def _write_outstanding(
+    tmp: Path, ids: Sequence[str] | pa.Array, id_field: str, hashed: dict[str, Fingerprint]
+) -> FileEntry:
     arr = (
         pa.array(ids, type=pa.string()) if not isinstance(ids, pa.Array) else ids.cast(pa.string())
     )
     if arr.null_count:
         raise IdentifierError(f"outstanding ids hold {arr.null_count} null(s)")
     schema = pa.schema([pa.field(id_field, pa.string(), nullable=False)])
-    p = tmp / fmt.OUTSTANDING_NAME
-    pq.write_table(pa.table([arr], schema=schema), p, compression="snappy")
-    fsync_file(p)
-    return FileEntry(
-        path=fmt.OUTSTANDING_NAME, sha256=sha256_file(p), bytes=p.stat().st_size, rows=len(arr)
-    )
+    pq.write_table(pa.table([arr], schema=schema), tmp / fmt.OUTSTANDING_NAME, compression="snappy")
+    return _hashed_entry(tmp, fmt.OUTSTANDING_NAME, len(arr), hashed)
 
 
 def _manifest(

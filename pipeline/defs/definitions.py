@@ -7,21 +7,27 @@ stops the code location from loading with one line naming the variable.
 
 import dagster as dg
 
-from assets import CHAIN_ASSETS
+from assets import CHAIN_ASSETS, CHAIN_CHECKS
 from pipeline.defs.jobs import chain_job, resubmit_job
 from pipeline.defs.sensor import compute_partial_sensor
+from resources.artifacts import ArtifactStore
 from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.io_manager import ChainIOManager
 from resources.settings import ChainSettings, LithiEnv, SettingsError
 
 
 def resources_from(env: LithiEnv) -> dict[str, object]:
     """The resources ``env`` describes, keyed as the assets, jobs and sensor ask for them."""
     refs = env.credential_ref_map
+    store = BundleStoreResource(cache_dir=str(env.cache_path), credential_refs=refs)
+    artifacts = ArtifactStore(root=str(env.artifacts_path))
     return {
         "compute": ComputeResource(
             root=str(env.compute_root_path), executor=env.compute_executor, credential_refs=refs
         ),
-        "bundle_store": BundleStoreResource(cache_dir=str(env.cache_path), credential_refs=refs),
+        "bundle_store": store,
+        "artifacts": artifacts,
+        "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
         "chain_settings": ChainSettings.from_env(env),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
@@ -46,6 +52,7 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
     env = env or LithiEnv.load()
     return dg.Definitions(
         assets=CHAIN_ASSETS,
+        asset_checks=CHAIN_CHECKS,
         jobs=[chain_job, resubmit_job],
         schedules=[chain_schedule(env.chain_cron)],
         sensors=[compute_partial_sensor],

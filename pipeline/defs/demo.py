@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from pipeline.defs import samples
 from pipeline.defs.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, RESUBMIT_JOB_NAME
-from pipeline.training.record import read_record
+from pipeline.training.record import OutputRecord, read_record
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
 from resources.compute.labeller import REFERENCE_LABEL_COLUMN
@@ -206,6 +206,7 @@ def summarize(
     predictions = latest_metadata(instance, "prediction_table", run.run_id)
     output = latest_metadata(instance, "output_bundle", run.run_id)
     record = read_record(training["record"]) if "record" in training else None
+    out_record = read_record(output["record"], OutputRecord) if "record" in output else None
     return {
         "job_id": job_id,
         "versions": versions,
@@ -215,11 +216,13 @@ def summarize(
         "trained_on": training.get("snapshot/version_id"),
         "holdout_accuracy": training.get("holdout_accuracy"),
         "predictions": predictions.get("table_path"),
-        "reconciliation": record.reconciliation if record else None,
+        "reconciliation": record.reconciliation.as_dict() if record else None,
         "checkpoint_sha256": training.get("checkpoint_sha256"),
-        "output_bundle": record.output_bundle.model_dump()
-        if record and record.output_bundle
-        else None,
+        "output_bundle": (
+            {**out_record.output.model_dump(), "path": out_record.bundle_path}
+            if out_record
+            else None
+        ),
         "output_content_sha256": output.get("bundle/content_sha256"),
     }
 

@@ -21,10 +21,20 @@ from pipeline.training.model import load_checkpoint
 
 
 @torch.no_grad()
-def predict(index: Index, checkpoint: str | os.PathLike, *, batch_size: int = 1024) -> pa.Table:
-    """One row per index item, failed and abstained too, keyed by the same string id."""
+def predict(
+    index: Index,
+    checkpoint: str | os.PathLike,
+    *,
+    checkpoint_sha256: str | None = None,
+    batch_size: int = 1024,
+) -> pa.Table:
+    """One row per index item, failed and abstained too, keyed by the same string id.
+
+    Each row carries the checkpoint's digest: ``checkpoint_sha256`` when the caller has checked
+    it already, else computed here.
+    """
     model, spec = load_checkpoint(checkpoint)
-    digest = sha256_file(checkpoint)
+    digest = checkpoint_sha256 or sha256_file(checkpoint)
     loader = make_loader(
         index, style="map", batch_size=batch_size, num_workers=0, shuffle=False, rank=0,
         world_size=1,

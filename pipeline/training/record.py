@@ -1,56 +1,88 @@
-"""The record written beside every checkpoint: which exact data produced it, and what it produced.
+"""The records that make a checkpoint reproducible: what data produced it, and what came of it.
 
 A checkpoint without the digest of the data that produced it cannot be reproduced, only
-re-attempted; this record is that digest, plus the output bundle's identity once it is staged.
+re-attempted. :class:`TrainingRecord` is written once beside the checkpoint and never changed;
+the output bundle staged from its predictions gets a record of its own (:class:`OutputRecord`)
+that embeds it, so no step ever rewrites another step's artifact.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.manifest import SnapshotId
+from pipeline.readers.index import Index
+from pipeline.readers.reconcile import ReconcileReport
 
 RECORD_NAME = "record.json"
 
-
-class OutputBundleRecord(BaseModel):
-    """Where the predictions were staged, and as which immutable bundle."""
-
-    version_id: str
-    content_sha256: str
-    path: str
+M = TypeVar("M", bound=BaseModel)
 
 
 class TrainingRecord(BaseModel):
-    """The experiment record beside ``model.pt``."""
+    """The experiment record beside the checkpoint: data identity, config, outcome."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     snapshot: SnapshotId
     index_sha256: str
-    index_path: str
-    checkpoint_file: str
-    checkpoint_sha256: str
     config: dict[str, Any]
     world_size: int
+    checkpoint_file: str
+    checkpoint_sha256: str
     metrics: dict[str, float]
     loss_curve: list[float]
-    reconciliation: dict[str, Any]
-    output_bundle: OutputBundleRecord | None = None
+    reconciliation: ReconcileReport
 
 
-def write_record(directory: str | os.PathLike, record: TrainingRecord) -> Path:
-    """Write (or replace) ``record.json`` in ``directory`` atomically and return its path."""
+class OutputRecord(BaseModel):
+    """The record beside an output bundle: the bundle, and the training record it came from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output: SnapshotId
+    bundle_path: str
+    training_record: str
+    training: TrainingRecord
+
+
+def write_record(directory: str | os.PathLike, record: BaseModel) -> Path:
+    """Write ``record.json`` in ``directory`` atomically (never over an existing one)."""
     path = Path(directory) / RECORD_NAME
-    atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
+    atomic_write_text(path, record_text(record), replace=False)
     return path
 
 
-def read_record(path: str | os.PathLike) -> TrainingRecord:
-    """Read a record written by :func:`write_record`."""
-    return TrainingRecord.model_validate_json(Path(path).read_text())
+def record_text(record: BaseModel) -> str:
+    """The exact text a record is written as (what the UI shows is this text, parsed)."""
+    return record.model_dump_json(indent=2) + "\n"
+
+
+def read_record(path: str | os.PathLike, kind: type[M] = TrainingRecord) -> M:  # type: ignore[assignment]
+    """Read a record written by :func:`write_record` as ``kind``."""
+    return kind.model_validate_json(Path(path).read_text())
+
+
+@dataclass(frozen=True, eq=False)
+class TrainedModel:
+    """What a training run hands on: its checkpoint directory, its record, and the index it read."""
+
+    index: Index
+    directory: Path
+    record: TrainingRecord
+
+    @property
+    def checkpoint(self) -> Path:
+        """The checkpoint file."""
+        return self.directory / self.record.checkpoint_file
+
+    @property
+    def record_path(self) -> Path:
+        """``record.json`` beside the checkpoint."""
+        return self.directory / RECORD_NAME

@@ -17,10 +17,22 @@ from assets.training_run import TrainingConfig
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.demo import submit_sample_job
 from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
+from resources.artifacts import ArtifactStore
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.io_manager import ChainIOManager
 from resources.settings import REPO_ROOT, ChainSettings, Policy
+
+#: The chain's edges: each link feeds the next, and the output bundle also names its training run.
+CHAIN_EDGES = [
+    ("result_manifest", "verified_snapshot"),
+    ("verified_snapshot", "disjoint_index"),
+    ("disjoint_index", "training_run"),
+    ("training_run", "prediction_table"),
+    ("prediction_table", "output_bundle"),
+    ("training_run", "output_bundle"),
+]
 
 FAST_TRAINING = dg.RunConfig(ops={"training_run": TrainingConfig(epochs=3)})
 
@@ -35,12 +47,15 @@ def chain_resources(
     fields or :class:`Policy` fields.
     """
     policy = {k: settings.pop(k) for k in list(settings) if k in Policy.model_fields}
+    store = BundleStoreResource(cache_dir=str(home / "cache"))
+    artifacts = ArtifactStore(root=str(home / "artifacts"))
     return {
         "compute": ComputeResource(root=str(compute_root or home / "compute"), executor="inline"),
-        "bundle_store": BundleStoreResource(cache_dir=str(home / "cache")),
+        "bundle_store": store,
+        "artifacts": artifacts,
+        "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
         "chain_settings": ChainSettings(
             job_id=job_id,
-            artifacts_dir=str(home / "artifacts"),
             policy=Policy(**policy),
             **{"world_size": 1, "num_workers": 0, **settings},
         ),
