@@ -2,12 +2,12 @@
 
 import dagster as dg
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Schema
+from pipeline.readers.reconcile import keyed_coverage
 from pipeline.training.predict import predict
 from pipeline.training.record import TrainedModel
 
@@ -35,18 +35,17 @@ def prediction_table(training_run: TrainedModel):
     table: pa.Table = predict(
         index, training_run.checkpoint, checkpoint_sha256=training_run.record.checkpoint_sha256
     )
-    ids = table.column(index.id_field)
-    same = ids.combine_chunks().equals(index.ids)
-    unique = pc.count_distinct(ids).as_py() == len(ids)
+    coverage = keyed_coverage(index.ids, table.column(index.id_field))
     yield dg.AssetCheckResult(
         check_name=ONE_ROW_PER_ITEM,
-        passed=bool(same and unique and len(ids) == len(index)),
-        metadata={"rows": len(ids), "items": len(index), "unique_ids": unique, "same_ids": same},
+        passed=coverage.ok,
+        metadata={
+            "rows": coverage.rows,
+            "items": coverage.items,
+            "problems": "\n".join(coverage.problems()) or "none",
+        },
     )
-    by_status = {
-        r["values"]: r["counts"]
-        for r in pc.value_counts(table.column(fmt.STATUS_COLUMN)).to_pylist()
-    }
+    by_status, _ = fmt.count_statuses(table.column(fmt.STATUS_COLUMN))
     yield dg.Output(
         table,
         metadata={

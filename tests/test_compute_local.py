@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.verify import verify
-from pipeline.defs.samples import stage_sample, truth_table
+from pipeline.defs.samples import load, stage_sample
 from resources.compute.client import (
     ComputeError,
     ComputeUnavailable,
@@ -70,7 +70,7 @@ def test_submit_labels_every_item_for_real(tmp_path, digits):
     assert sorted(_ids(result)) == sorted(_ids(inp))
 
     table = _table(result)
-    truth = dict(zip(*truth_table("digits").to_pydict().values(), strict=True))
+    truth = dict(zip(*load("digits").truth.to_pydict().values(), strict=True))
     reference_ids = set(_ids(ref))
     accepted = table.filter(pc.equal(table["lithi_status"], "accepted"))
     held_out = [

@@ -16,6 +16,7 @@ from pipeline.readers.reconcile import (
     OwnerCounts,
     ReconcileError,
     Tally,
+    keyed_coverage,
     reconcile,
     reconcile_distributed,
 )
@@ -55,7 +56,8 @@ def test_complete_iteration_reconciles(index):
 
 def test_a_duplicate_is_an_error_naming_it(index):
     counts = _tallies(index, 2)
-    counts[1] = counts[1].merge(counts[0].__class__(counts[0].by_status, counts[0].id_chunks[:1]))
+    # rank 1 also yields rank 0's first chunk again
+    counts[1] = OwnerCounts(counts[1].by_status, [*counts[1].id_chunks, counts[0].id_chunks[0]])
     with pytest.raises(ReconcileError, match="more than once") as e:
         reconcile(index.manifest, counts)
     assert isinstance(e.value, BundleError)
@@ -86,14 +88,12 @@ def test_swapped_ids_with_right_totals_are_caught(index):
         reconcile(index.manifest, counts)
 
 
-def test_owner_counts_pickle_compactly_and_merge(index):
+def test_owner_counts_pickle_compactly(index):
     counts = _tallies(index, 2)
     back = pickle.loads(pickle.dumps(counts[0]))
     assert back.ids().to_pylist() == counts[0].ids().to_pylist()
     assert len(back.id_chunks) == 1 and back.by_status == counts[0].by_status
-    merged = counts[0].merge(counts[1])
-    assert merged.rows == 20 and sum(merged.by_status.values()) == 20
-    assert merged.ids().type == pa.string()
+    assert back.ids().type == pa.string() and back.rows == counts[0].rows
 
 
 def test_reconcile_distributed_single_rank_group(index, tmp_path):
@@ -108,3 +108,15 @@ def test_reconcile_distributed_single_rank_group(index, tmp_path):
             reconcile_distributed(index.manifest, OwnerCounts())
     finally:
         dist.destroy_process_group()
+
+
+def test_keyed_coverage_names_missing_extra_and_repeated_ids():
+    index_ids = pa.array(["00001", "00002", "00003", "00004"])
+    exact = keyed_coverage(index_ids, pa.chunked_array([["00003", "00001"], ["00004", "00002"]]))
+    assert exact.ok and exact.problems() == [] and (exact.rows, exact.items) == (4, 4)
+    off = keyed_coverage(index_ids, pa.array(["00001", "00001", "00002", "99999"]))
+    assert not off.ok
+    assert (off.missing, off.missing_examples) == (2, ["00003", "00004"])
+    assert (off.extra, off.extra_examples) == (1, ["99999"])
+    assert (off.duplicates, off.duplicate_examples) == (1, ["00001"])
+    assert len(off.problems()) == 3 and "99999" in off.problems()[1]

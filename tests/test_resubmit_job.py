@@ -3,7 +3,7 @@
 import dagster as dg
 
 from pipeline.defs.jobs import resubmit_job, resubmit_run_config
-from pipeline.defs.sensor import evaluate
+from pipeline.defs.sensor import tick as sensor_tick
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore
@@ -80,7 +80,7 @@ def test_a_failed_resubmission_run_is_retried_by_the_sensor(tmp_path):
 
     def tick(instance, resources, cursor):
         with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
-            return evaluate(context, resources["compute"], resources["chain_settings"], now=1.0)
+            return sensor_tick(context, resources["compute"], resources["chain_settings"], now=1.0)
 
     def launch(instance, resources, request):
         tags = {**request.tags, RUN_KEY_TAG: request.run_key}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 from pipeline.bundle.verify import verify
-from pipeline.defs.samples import digits_tables, stage_sample, truth_table, wine_tables
+from pipeline.defs.samples import load, stage_sample
 
 
 def test_digits_tables_shape_and_reference():
-    inp, ref = digits_tables()
+    digits = load("digits")
+    inp, ref = digits.input, digits.reference
     assert inp.num_rows == 1797 and inp.column_names == ["image_id", "pixels"]
     assert inp.schema.field("pixels").type == pa.list_(pa.float32(), 64)
     assert inp["image_id"][42].as_py() == "digit-00042"
@@ -18,9 +19,10 @@ def test_digits_tables_shape_and_reference():
     assert 0.10 * 1797 <= ref.num_rows <= 0.15 * 1797
     assert set(ref["label"].to_pylist()) == set(range(10))  # every class is represented
     assert set(ref["image_id"].to_pylist()) <= set(inp["image_id"].to_pylist())
-    again_inp, again_ref = digits_tables()
+    again = load("digits")
+    again_inp, again_ref = again.input, again.reference
     assert again_ref.equals(ref) and again_inp.equals(inp)  # deterministic, no seed involved
-    truth = truth_table("digits")
+    truth = digits.truth
     labels = dict(zip(truth["image_id"].to_pylist(), truth["label"].to_pylist(), strict=True))
     assert all(
         labels[i] == y
@@ -29,7 +31,8 @@ def test_digits_tables_shape_and_reference():
 
 
 def test_wine_is_shaped_differently():
-    inp, ref = wine_tables()
+    wine = load("wine")
+    inp, ref = wine.input, wine.reference
     assert inp.num_rows == 178 and inp.column_names[0] == "wine_id"
     assert inp["wine_id"][0].as_py() == "W/0001"
     assert len(inp.column_names) == 14

@@ -29,7 +29,8 @@ from pipeline.defs.jobs import (
     resubmit_run_config,
 )
 from pipeline.defs.partial_policy import Cursor
-from pipeline.defs.sensor import SENSOR_NAME, compute_partial_sensor, evaluate
+from pipeline.defs.sensor import SENSOR_NAME, compute_partial_sensor
+from pipeline.defs.sensor import tick as sensor_tick
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
 from resources.compute.jobstore import JobStore
@@ -112,10 +113,10 @@ def tick(instance: dg.DagsterInstance, setup: Setup, cursor: str | None = None) 
 
 
 def tick_at(instance: dg.DagsterInstance, setup: Setup, cursor: str | None, now: float) -> Tick:
-    """One evaluation with an explicit clock (``evaluate`` is the sensor's whole body)."""
+    """One evaluation with an explicit clock (``tick`` is the sensor's whole body)."""
     res = setup.resources
     with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
-        result = evaluate(context, res["compute"], res["chain_settings"], now=now)
+        result = sensor_tick(context, res["compute"], res["chain_settings"], now=now)
     skip = result.skip_reason.skip_message if result.skip_reason else None
     return Tick(list(result.run_requests or []), skip, result.cursor)
 

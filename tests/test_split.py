@@ -88,13 +88,13 @@ def test_assign_parts_whole_parts_exactly_once_and_balanced(rows, world, workers
 def test_assign_parts_balances_by_rows_not_by_count():
     rows = [1000, 10, 10, 10, 10, 960]
     # by count it would be 3 + 3 parts; by rows the four small parts join the 960-row one
-    assert split.assignment(rows, 2) == [[0], [1, 2, 3, 4, 5]]
+    assert split.parts_by_owner(rows, 2) == [[0], [1, 2, 3, 4, 5]]
 
 
 def test_assign_parts_is_deterministic_and_tie_breaks_by_position():
     rows = [5, 5, 5, 5]
-    assert split.assignment(rows, 2) == [[0, 2], [1, 3]]
-    assert split.assignment(rows, 2) == split.assignment(list(rows), 2)
+    assert split.parts_by_owner(rows, 2) == [[0, 2], [1, 3]]
+    assert split.parts_by_owner(rows, 2) == split.parts_by_owner(list(rows), 2)
 
 
 def test_part_order_only_permutes():

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-#: Read size: 1 MiB measured fastest here (the buffer stays in L2; 16 MiB is ~15% slower with
-#: two threads), and large enough that hashlib drops the GIL for every update.
+#: Read size: large enough that hashlib releases the GIL for every update, small enough that the
+#: buffer stays in cache (``bench/verify.py`` measures the effect).
 CHUNK = 1024 * 1024
 
 

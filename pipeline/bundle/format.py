@@ -10,6 +10,7 @@ import re
 from functools import lru_cache
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 MANIFEST_NAME = "result-manifest.json"
 PARTS_DIR = "parts"
@@ -32,7 +33,21 @@ RESULT_COLUMN_TYPES: dict[str, tuple[str, ...]] = {
     VERIFICATION_COLUMN: ("string",),
 }
 
-PART_PATH_RE = re.compile(r"^parts/part-(\d{5})\.parquet$")
+
+def count_statuses(
+    col: pa.Array | pa.ChunkedArray,
+) -> tuple[dict[str, int], dict[str | None, int]]:
+    """Rows per ``lithi_status`` value: the three statuses (zero where absent), and apart from
+    them every other value found (``None`` for nulls), which a valid bundle never holds."""
+    counts = dict.fromkeys(STATUSES, 0)
+    unknown: dict[str | None, int] = {}
+    for row in pc.value_counts(col).to_pylist():
+        value, n = row["values"], row["counts"]
+        if value in counts:
+            counts[value] += n
+        else:
+            unknown[value] = n
+    return counts, unknown
 
 
 def part_path(number: int) -> str:
@@ -112,12 +127,3 @@ def from_arrow_scalar(dtype: pa.DataType) -> str:
     if name not in _SCALARS:
         raise UnknownType(f"nested list type {dtype} is outside the v1 vocabulary")
     return name
-
-
-def is_valid_type(type_name: str) -> bool:
-    """Return whether ``type_name`` is in the v1 vocabulary."""
-    try:
-        to_arrow(type_name)
-    except UnknownType:
-        return False
-    return True

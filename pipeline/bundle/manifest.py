@@ -40,7 +40,8 @@ from pipeline.bundle.errors import (
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 Kind = Literal["input", "result", "prediction"]
-JobStatus = Literal["SUCCEEDED", "PARTIAL", "FAILED"]
+#: How the Compute job that produced a result version ended (unlike a job's live state).
+ResultStatus = Literal["SUCCEEDED", "PARTIAL", "FAILED"]
 
 
 class _Model(BaseModel):
@@ -65,7 +66,7 @@ class JobInfo(_Model):
     """The Compute job a result bundle came from, and which attempt produced this version."""
 
     job_id: NonEmpty
-    status: JobStatus
+    status: ResultStatus
     attempt: int = Field(ge=1)
     parent_version_id: NonEmpty | None = None
     next_action: NextAction | None = None

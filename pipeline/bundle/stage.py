@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
@@ -267,15 +266,15 @@ def _write_parts(
 
 def _add_statuses(col: pa.Array | pa.ChunkedArray, counts: dict[str, int]) -> None:
     """Count ``lithi_status`` values, refusing anything but accepted/failed/abstained."""
-    for row in pc.value_counts(col).to_pylist():
-        value, n = row["values"], row["counts"]
-        if value not in counts:
-            raise CountMismatch(
-                f"{fmt.STATUS_COLUMN} holds {value!r} in {n} row(s); "
-                f"expected one of {', '.join(fmt.STATUSES)}",
-                path=fmt.STATUS_COLUMN,
-            )
-        counts[value] += n
+    found, unknown = fmt.count_statuses(col)
+    for value, n in unknown.items():
+        raise CountMismatch(
+            f"{fmt.STATUS_COLUMN} holds {value!r} in {n} row(s); "
+            f"expected one of {', '.join(fmt.STATUSES)}",
+            path=fmt.STATUS_COLUMN,
+        )
+    for status, n in found.items():
+        counts[status] += n
 
 
 def _conform(batch: pa.RecordBatch, target: pa.Schema, id_field: str) -> pa.RecordBatch:

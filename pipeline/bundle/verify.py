@@ -419,21 +419,18 @@ def _count_statuses(
     errors: list[BundleError],
 ) -> bool:
     """Add a part's status counts; return False (and report) if a value is not a status."""
-    ok = True
-    for row in pc.value_counts(col).to_pylist():
-        value, n = row["values"], row["counts"]
-        if value not in counts:
-            ok = False
-            errors.append(
-                CountMismatch(
-                    f"{p}: {fmt.STATUS_COLUMN} holds {value!r} ({n} rows); "
-                    f"expected one of {fmt.STATUSES}",
-                    path=entry.path,
-                )
+    found, unknown = fmt.count_statuses(col)
+    for value, n in unknown.items():
+        errors.append(
+            CountMismatch(
+                f"{p}: {fmt.STATUS_COLUMN} holds {value!r} ({n} rows); "
+                f"expected one of {fmt.STATUSES}",
+                path=entry.path,
             )
-        else:
-            counts[value] += n
-    return ok
+        )
+    for status, n in found.items():
+        counts[status] += n
+    return not unknown
 
 
 def _check_unique_ids(

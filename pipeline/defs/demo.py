@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -62,14 +61,6 @@ def submit_sample_job(
         )
     )
     return job_id, compute
-
-
-@dataclass
-class Watch:
-    """What the demo saw while the daemon worked."""
-
-    runs: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> job, ver, status
-    lines: list[str] = field(default_factory=list)
 
 
 def _say(t0: float, msg: str) -> None:

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from resources.compute.client import JobState
 from resources.settings import Policy
 
 
@@ -45,7 +46,7 @@ class Observed:
     """What the Compute side said about a job (a plain view of ``JobStatus``)."""
 
     job_id: str
-    state: Literal["QUEUED", "RUNNING", "SUCCEEDED", "PARTIAL", "FAILED"]
+    state: JobState
     attempt: int
     latest_version_id: str | None
     outstanding: int = 0

@@ -7,7 +7,7 @@ code: ``digits`` (1,797 8x8 images, one ``fixed_size_list<float32,64>`` column, 
 Each set has an input table (every item, no labels) and a labelled reference table for the kNN
 labeller. The reference is a deterministic subset of the same items (chosen by sha256 of the id,
 not by a seed), so the input is the whole data set as shipped; accuracy claims should be measured
-on the input items outside the reference, which :func:`truth_table` makes easy.
+on the input items outside the reference, against ``Sample.truth``.
 """
 
 from __future__ import annotations
@@ -91,23 +91,6 @@ def load(name: str) -> Sample:
         return SAMPLES[name]()
     except KeyError:
         raise KeyError(f"no sample {name!r}; samples: {', '.join(SAMPLES)}") from None
-
-
-def digits_tables() -> tuple[pa.Table, pa.Table]:
-    """``(input, reference)`` tables of the digits sample."""
-    s = digits()
-    return s.input, s.reference
-
-
-def wine_tables() -> tuple[pa.Table, pa.Table]:
-    """``(input, reference)`` tables of the wine sample."""
-    s = wine()
-    return s.input, s.reference
-
-
-def truth_table(name: str) -> pa.Table:
-    """The true label of every input item of sample ``name`` (for accuracy checks, never input)."""
-    return load(name).truth
 
 
 def stage_sample(

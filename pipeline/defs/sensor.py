@@ -73,7 +73,7 @@ def _resubmit_runs(
     return failed, active
 
 
-def evaluate(
+def tick(
     context: dg.SensorEvaluationContext,
     compute: ComputeResource,
     settings: ChainSettings,
@@ -137,4 +137,4 @@ def compute_partial_sensor(
     context: dg.SensorEvaluationContext, compute: ComputeResource, chain_settings: ChainSettings
 ) -> dg.SensorResult:
     """The sensor the daemon evaluates."""
-    return evaluate(context, compute, chain_settings)
+    return tick(context, compute, chain_settings)

@@ -267,7 +267,7 @@ class PartIterableDataset(IterableDataset):
                 ):
                     yield pa.Table.from_batches([rb])
                 continue
-            rng = split.owner_seed(self.seed, self.epoch, owner.index * 100_003 + p)
+            rng = split.owner_rng(self.seed, self.epoch, owner.index * 100_003 + p)
             for g in rng.permutation(pf.num_row_groups):
                 table = pf.read_row_group(int(g), columns=self.columns)
                 yield table.take(rng.permutation(table.num_rows))

@@ -152,19 +152,6 @@ class Index:
         """sha256 of the snapshot identity, the part list and the ids: what to pin in a record."""
         return _header_digest(self._header())
 
-    def split_digest(self, **params: Any) -> str:
-        """sha256 of this index's digest plus split parameters (world size, seed, shuffle...)."""
-        return sha256_bytes(_canon({"index_sha256": self.digest, "split": params}))
-
-    def record(self, **split_params: Any) -> dict[str, Any]:
-        """The experiment-record entry: snapshot identity, index digest, split and its digest."""
-        return {
-            "snapshot": self.snapshot.identity.model_dump(),
-            "index_sha256": self.digest,
-            "split": split_params,
-            "split_sha256": self.split_digest(**split_params),
-        }
-
     # -- persistence ----------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the index (ids plus a JSON header with its digest) atomically to ``path``."""

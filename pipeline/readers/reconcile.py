@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import BundleError
+from pipeline.bundle.ids import duplicates
 from pipeline.bundle.manifest import Manifest
 
 _EXAMPLES = 5
@@ -48,14 +49,6 @@ class OwnerCounts:
         """Every id yielded, in order, as one chunked string array."""
         return pa.chunked_array(self.id_chunks, type=pa.string())
 
-    def merge(self, other: OwnerCounts) -> OwnerCounts:
-        """The counts of both owners together (ids concatenated, statuses summed)."""
-        by_status = dict(self.by_status)
-        for s, n in other.by_status.items():
-            by_status[s] = by_status.get(s, 0) + n
-        label = "+".join(x for x in (self.label, other.label) if x)
-        return OwnerCounts(by_status, [*self.id_chunks, *other.id_chunks], label)
-
     def __reduce__(self):  # pickle ids as one compact array for all_gather_object
         ids = self.ids().combine_chunks() if self.id_chunks else pa.array([], pa.string())
         return (OwnerCounts, (dict(self.by_status), [ids], self.label))
@@ -74,11 +67,11 @@ class Tally:
         self.counts.id_chunks.append(pa.array(ids, type=pa.string()))
         status = batch.get(fmt.STATUS_COLUMN)
         if status is not None:
-            vc = pc.value_counts(pa.array(status, type=pa.string()))
-            for value, n in zip(
-                vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True
-            ):
-                self.counts.by_status[value] = self.counts.by_status.get(value, 0) + n
+            found, unknown = fmt.count_statuses(pa.array(status, type=pa.string()))
+            for value, n in [*found.items(), *unknown.items()]:
+                if n:
+                    key = str(value)
+                    self.counts.by_status[key] = self.counts.by_status.get(key, 0) + n
 
 
 @dataclass(frozen=True)
@@ -158,13 +151,7 @@ def reconcile(
     if result:
         for s in fmt.STATUSES:
             found_status.setdefault(s, 0)
-    dups, dup_examples = 0, []
-    if len(seen):
-        vc = pc.value_counts(seen)
-        mask = pc.greater(vc.field("counts"), 1)
-        dup_values = pc.filter(vc.field("values"), mask)
-        dups = len(dup_values)
-        dup_examples = dup_values.slice(0, _EXAMPLES).to_pylist()
+    dups, dup_examples = duplicates(chunks, limit=_EXAMPLES)
     missing, missing_examples = None, []
     if ids is not None:
         absent = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=seen.combine_chunks())))
@@ -213,4 +200,58 @@ def reconcile_distributed(
         [c for c in gathered if c is not None],
         ids=ids,
         raise_on_mismatch=raise_on_mismatch,
+    )
+
+
+@dataclass(frozen=True)
+class KeyedCoverage:
+    """How a table keyed by item id covers an index: one row per item, or what is off."""
+
+    rows: int
+    items: int
+    duplicates: int
+    duplicate_examples: list[str]
+    missing: int
+    missing_examples: list[str]
+    extra: int
+    extra_examples: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """Exactly one row per item of the index, and no row for anything else."""
+        return not (self.duplicates or self.missing or self.extra)
+
+    def problems(self) -> list[str]:
+        """Each gap in words (empty when :attr:`ok`)."""
+        out = []
+        if self.missing:
+            out.append(f"{self.missing} item(s) have no row, e.g. {self.missing_examples}")
+        if self.extra:
+            out.append(f"{self.extra} row(s) name no item of the index, e.g. {self.extra_examples}")
+        if self.duplicates:
+            out.append(f"{self.duplicates} id(s) have several rows, e.g. {self.duplicate_examples}")
+        return out
+
+
+def keyed_coverage(
+    index_ids: pa.Array | pa.ChunkedArray, table_ids: pa.Array | pa.ChunkedArray
+) -> KeyedCoverage:
+    """Compare a table's id column with the index's ids: duplicates, missing and extra ids."""
+    table_chunks = table_ids.chunks if isinstance(table_ids, pa.ChunkedArray) else [table_ids]
+    table_all = pa.chunked_array(table_chunks, type=pa.string()).combine_chunks()
+    index_all = (
+        index_ids.combine_chunks() if isinstance(index_ids, pa.ChunkedArray) else index_ids
+    ).cast(pa.string())
+    dups, dup_examples = duplicates([table_all], limit=_EXAMPLES)
+    missing = pc.filter(index_all, pc.invert(pc.is_in(index_all, value_set=table_all)))
+    extra = pc.filter(table_all, pc.invert(pc.is_in(table_all, value_set=index_all)))
+    return KeyedCoverage(
+        rows=len(table_all),
+        items=len(index_all),
+        duplicates=dups,
+        duplicate_examples=dup_examples,
+        missing=len(missing),
+        missing_examples=missing.slice(0, _EXAMPLES).to_pylist(),
+        extra=len(extra),
+        extra_examples=extra.slice(0, _EXAMPLES).to_pylist(),
     )

@@ -34,7 +34,7 @@ def share_bounds(n_items: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * n_items // world_size, (rank + 1) * n_items // world_size
 
 
-def owner_seed(seed: int, epoch: int, rank: int) -> np.random.Generator:
+def owner_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
     """The generator that orders one rank's share in one epoch; it never decides ownership."""
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
@@ -52,7 +52,7 @@ def map_positions(
     start, stop = share_bounds(n_items, rank, world_size)
     positions = np.arange(start, stop, dtype=np.int64)
     if shuffle:
-        owner_seed(seed, epoch, rank).shuffle(positions)
+        owner_rng(seed, epoch, rank).shuffle(positions)
     return positions
 
 
@@ -64,10 +64,10 @@ def assign_parts(part_rows: Sequence[int], owner_index: int, n_owners: int) -> l
     the row counts alone — never from a path's hash — so every process computes the same answer.
     """
     _check_owner(owner_index, n_owners, "owner")
-    return assignment(part_rows, n_owners)[owner_index]
+    return parts_by_owner(part_rows, n_owners)[owner_index]
 
 
-def assignment(part_rows: Sequence[int], n_owners: int) -> list[list[int]]:
+def parts_by_owner(part_rows: Sequence[int], n_owners: int) -> list[list[int]]:
     """Every owner's parts (see :func:`assign_parts`): a list of ``n_owners`` sorted part lists."""
     if n_owners < 1:
         raise ValueError(f"owner count must be >= 1, got {n_owners}")
@@ -98,7 +98,7 @@ def part_order(
     """The order an owner streams its parts in: as given, or permuted by (seed, epoch, owner)."""
     parts = list(parts)
     if shuffle and parts:
-        rng = owner_seed(seed, epoch, owner)
+        rng = owner_rng(seed, epoch, owner)
         parts = [parts[i] for i in rng.permutation(len(parts))]
     return parts
 
@@ -146,7 +146,7 @@ def plan_split(
     if sizes and max(sizes) - min(sizes) > 1:
         problems.append(f"map-style shares differ by more than one item: {sizes}")
     owners = max(1, world_size * max(num_workers, 1))
-    parts = assignment(part_rows, owners)
+    parts = parts_by_owner(part_rows, owners)
     held = sorted(p for owned in parts for p in owned)
     if held != list(range(len(part_rows))):
         problems.append(

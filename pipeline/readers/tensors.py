@@ -1,28 +1,11 @@
 """Arrow columns to torch batches, with every dtype taken from the declared schema.
 
 The declared vocabulary type of a column — never the data, a filename or the first file —
-decides what a batch holds (``docs/readers.md`` has the table):
-
-==========================  ===================================================================
-declared type               in a batch
-==========================  ===================================================================
-string / binary             ``list[str]`` / ``list[bytes]`` (``None`` where null)
-bool                        ``torch.bool``
-int8/16/32/64, uint8        the same torch dtype
-uint16 / uint32             ``torch.int32`` / ``torch.int64`` (widened, always lossless)
-uint64                      ``torch.int64``; a value above 2**63-1 raises :class:`ValueOverflow`
-float16/32/64               the same torch dtype
-date32                      ``torch.int32`` days since 1970-01-01
-timestamp[us,UTC]           ``torch.int64`` microseconds since the epoch, UTC
-fixed_size_list<T,N>        2-D tensor ``[B, N]`` of T's dtype
-list<T>                     ``list[torch.Tensor]`` of 1-D tensors (empty where null)
-==========================  ===================================================================
-
-Nulls: a column declared nullable (other than strings, binary and ``list<T>``) also gets a
-``<name>__valid`` bool tensor ``[B]``, present whether or not this batch holds a null, so the
-batch's keys depend on the schema alone. Null slots are NaN in float columns and 0 elsewhere.
-Numeric tensors share the Arrow buffers where no conversion is needed (zero-copy via numpy);
-each batch owns fresh buffers, so writing into one never changes a cached table.
+decides what a batch holds; ``docs/readers.md`` has the table (strings stay ``list[str]``, fixed
+size lists become 2-D tensors, unsigned types widen losslessly, ``uint64`` above ``2**63-1`` is
+refused). A nullable column other than strings, binary and ``list<T>`` also gets a
+``<name>__valid`` mask, present whether or not this batch holds a null, so a batch's keys depend
+on the schema alone. Numeric tensors share fresh Arrow buffers where no conversion is needed.
 """
 
 from __future__ import annotations
@@ -63,11 +46,6 @@ _INT64_MAX = 2**63 - 1
 
 class ValueOverflow(ValueError):
     """A uint64 value does not fit the int64 tensor its column maps to."""
-
-
-def torch_dtype(type_name: str) -> torch.dtype | None:
-    """The torch dtype of a declared scalar (or list element) type; ``None`` for str/bytes."""
-    return _TORCH.get(type_name)
 
 
 def _element(type_name: str) -> str:

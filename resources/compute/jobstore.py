@@ -43,11 +43,6 @@ class AttemptRecord(BaseModel):
     started_at: AwareDatetime | None = None
     finished_at: AwareDatetime | None = None
 
-    @property
-    def version_id_to_publish(self) -> str:
-        """The result version this attempt publishes (fixed up front, so a rerun adopts it)."""
-        return f"a{self.number:03d}-{self.token}"
-
 
 class JobRecord(BaseModel):
     """Everything Compute knows about one job; ``job.json`` is this model as JSON."""

@@ -28,6 +28,6 @@ def test_a_split_that_pads_or_overlaps_is_caught(monkeypatch):
 
 
 def test_a_part_with_two_owners_is_caught(monkeypatch):
-    monkeypatch.setattr(split, "assignment", lambda rows, n: [[0, 1], [1]] + [[]] * (n - 2))
+    monkeypatch.setattr(split, "parts_by_owner", lambda rows, n: [[0, 1], [1]] + [[]] * (n - 2))
     plan = plan_split(10, [5, 5], 2, 1)
     assert not plan.ok and "parts" in plan.problems[0]
