@@ -1,8 +1,11 @@
 """Metadata a person reads in the Dagster UI, built the same way for every asset of the chain."""
 
+import math
+
 import dagster as dg
 
 from pipeline.bundle.manifest import Manifest, Schema, SnapshotId
+from pipeline.training.trainer import FeatureSet
 
 
 def identity(prefix: str, snap: SnapshotId) -> dict[str, dg.MetadataValue]:
@@ -47,3 +50,19 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> dg.MetadataVa
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
     return dg.MetadataValue.md("\n".join(lines))
+
+
+def number(value: float) -> dg.MetadataValue:
+    """A float rounded to what a person reads (4 significant digits; an int stays an int)."""
+    if not math.isfinite(value):
+        return dg.MetadataValue.text(str(value))
+    if isinstance(value, int) or float(value).is_integer():
+        return dg.MetadataValue.int(int(value))
+    return dg.MetadataValue.float(float(f"{value:.4g}"))
+
+
+def features_table(features: FeatureSet) -> dg.MetadataValue:
+    """The features a trainer used, and every column it left out with the reason."""
+    rows: list[list[object]] = [[name, "used", ""] for name in features.used]
+    rows += [[name, "left out", why] for name, why in features.dropped.items()]
+    return markdown_table(["column", "", "why"], rows)

@@ -1,4 +1,4 @@
-"""``prediction_table``: one prediction for every item of the index, keyed by the same id."""
+"""``prediction_table``: the trainer's prediction for every item of the index, keyed by its id."""
 
 import dagster as dg
 import pyarrow as pa
@@ -8,8 +8,9 @@ from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Schema
 from pipeline.readers.reconcile import keyed_coverage
-from pipeline.training.predict import predict
 from pipeline.training.record import TrainedModel
+from pipeline.training.trainer import PredictContext, TrainerError, load_trainer
+from resources.settings import ChainSettings
 
 ONE_ROW_PER_ITEM = "one_row_per_item"
 
@@ -18,24 +19,45 @@ ONE_ROW_PER_ITEM = "one_row_per_item"
     group_name=CHAIN_GROUP,
     io_manager_key=IO_MANAGER_KEY,
     kinds={"pytorch", "parquet"},
-    code_version="2",
+    code_version="3",
     check_specs=[
         dg.AssetCheckSpec(
             ONE_ROW_PER_ITEM,
             asset="prediction_table",
             blocking=True,
-            description="Exactly one row per index item: same ids, no duplicates, none missing.",
+            description="Exactly one row per index item, keyed by the same string id: no "
+            "duplicates, none missing, none extra (each named when it fails).",
         )
     ],
 )
-def prediction_table(training_run: TrainedModel):
-    """Predictions for every item of the index, failed and abstained items included, keyed by
-    the same string id, with the prediction, its score and the checkpoint digest."""
+def prediction_table(
+    context: dg.AssetExecutionContext, training_run: TrainedModel, chain_settings: ChainSettings
+):
+    """Predictions for every item of the index — failed and abstained items included — made by
+    the trainer that wrote the checkpoint, with its own config, keyed by the same string id."""
     index = training_run.index
-    table: pa.Table = predict(
-        index, training_run.checkpoint, checkpoint_sha256=training_run.record.checkpoint_sha256
+    record = training_run.record
+    trainer = load_trainer(record.trainer.path)
+    table = trainer.predict(
+        PredictContext(
+            index=index,
+            config=trainer.parse_config(record.config),
+            num_workers=chain_settings.num_workers,
+            log=context.log.info,
+            checkpoint_dir=training_run.checkpoint_dir,
+            checkpoint_sha256=record.checkpoint.sha256,
+        )
     )
-    coverage = keyed_coverage(index.ids, table.column(index.id_field))
+    if not isinstance(table, pa.Table):
+        raise TrainerError(
+            f"{record.trainer.path}.predict returned {type(table).__name__}, expected pa.Table"
+        )
+    if index.id_field not in table.column_names:
+        raise TrainerError(
+            f"{record.trainer.path}.predict returned columns {table.column_names}: no id column "
+            f"{index.id_field!r}, so no row can be matched to an item"
+        )
+    coverage = keyed_coverage(index.ids, table.column(index.id_field).cast(pa.string()))
     yield dg.AssetCheckResult(
         check_name=ONE_ROW_PER_ITEM,
         passed=coverage.ok,
@@ -45,16 +67,13 @@ def prediction_table(training_run: TrainedModel):
             "problems": "\n".join(coverage.problems()) or "none",
         },
     )
-    by_status, _ = fmt.count_statuses(table.column(fmt.STATUS_COLUMN))
-    yield dg.Output(
-        table,
-        metadata={
-            "dagster/row_count": table.num_rows,
-            "dagster/column_schema": md.column_schema(
-                Schema.from_arrow(table.schema), index.id_field
-            ),
-            **md.identity("snapshot", index.snapshot.identity),
-            "checkpoint_sha256": training_run.record.checkpoint_sha256,
-            **{f"rows_{k}": v for k, v in by_status.items()},
-        },
-    )
+    meta = {
+        "dagster/row_count": table.num_rows,
+        "dagster/column_schema": md.column_schema(Schema.from_arrow(table.schema), index.id_field),
+        **md.identity("snapshot", index.snapshot.identity),
+        "checkpoint_sha256": record.checkpoint.sha256,
+    }
+    if fmt.STATUS_COLUMN in table.column_names:
+        by_status, _ = fmt.count_statuses(table.column(fmt.STATUS_COLUMN))
+        meta.update({f"rows_{k}": v for k, v in by_status.items()})
+    yield dg.Output(table, metadata=meta)

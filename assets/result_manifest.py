@@ -5,6 +5,7 @@ import dagster as dg
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from resources.bundle_store import SourceBundle
+from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
 
@@ -32,22 +33,25 @@ def result_manifest(
 ) -> dg.Output[SourceBundle]:
     """The Compute job's ``result-manifest.json``, read first: it binds every file, count and
     schema of the bundle. A PARTIAL result is refused unless ``allow_partial`` is set."""
-    client = compute.client()
-    job_id = config.job_id or chain_settings.resolve_job(client)
-    if not job_id:
-        raise dg.Failure("no Compute job to read: set LITHI_JOB_ID or submit a job first")
-    status = client.status(job_id)
-    version = config.version_id or status.latest_version_id
-    if version is None:
-        raise dg.Failure(f"Compute job {job_id} has published no result yet ({status.state})")
-    url = client.manifest_url(job_id, version)
+    try:
+        client = compute.client()
+        job_id = config.job_id or chain_settings.resolve_job(client)
+        if not job_id:
+            raise dg.Failure("no Compute job to read: set LITHI_JOB_ID or submit a job first")
+        status = client.status(job_id)
+        version = config.version_id or status.latest_version_id
+        if version is None:
+            raise dg.Failure(f"Compute job {job_id} has published no result yet ({status.state})")
+        url = client.manifest_url(job_id, version)
+    except (ComputeError, ComputeUnavailable) as e:
+        raise dg.Failure(str(e)) from None
     source = bundle_store.store().source(url, credential_ref=chain_settings.credential_ref or None)
     manifest = source.manifest
     if manifest.is_partial and not config.allow_partial:
         raise dg.Failure(
-            f"{job_id} version {version} is PARTIAL with {manifest.counts.outstanding} items "
-            "outstanding; the sensor resubmits them. Set allow_partial to train on the accepted "
-            "parts anyway.",
+            f"{url}: {job_id} version {version} is PARTIAL with {manifest.counts.outstanding} "
+            "items outstanding, so nothing is trained; the sensor resubmits them where a Compute "
+            "service can. Set allow_partial to train on the accepted parts anyway.",
             metadata={"outstanding": manifest.counts.outstanding},
         )
     job = manifest.job

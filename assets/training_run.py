@@ -1,13 +1,19 @@
-"""``training_run``: a torch model trained on the disjoint index, with a record beside it.
+"""``training_run``: a trainer run over the disjoint index, with a record beside its checkpoint.
 
-The record names the exact data (snapshot identity, index digest) that produced the checkpoint,
-so the checkpoint can be reproduced rather than only re-attempted.
+The trainer is any :class:`~pipeline.training.Trainer`, chosen by import path (``LITHI_TRAINER``
+for the code location, ``trainer`` in the run config for one run); its config model becomes the
+run config, so Dagster validates every field at launch. The pipeline, never the trainer, hashes
+the checkpoint, reconciles what the readers yielded and writes the record naming the exact data
+(snapshot identity, index digest) and code (trainer path, version, source digest).
 """
 
+import copy
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pydantic
@@ -16,46 +22,72 @@ from assets import _charts as charts
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.readers.index import Index
-from pipeline.training.fit import TrainConfig, TrainSummary, fit
-from pipeline.training.model import save_checkpoint
-from pipeline.training.record import TrainedModel, TrainingRecord, record_text, write_record
+from pipeline.training.record import (
+    CHECKPOINT_DIR,
+    TrainedModel,
+    TrainingRecord,
+    record_text,
+    write_record,
+)
+from pipeline.training.runner import TrainSummary, hash_checkpoint, run_fit, summarize
+from pipeline.training.trainer import REFERENCE_TRAINER, Trainer, load_trainer, trainer_info
 from resources.artifacts import ArtifactStore
 from resources.dagster_resources import BundleStoreResource
 from resources.settings import ChainSettings
 
 RECONCILES = "iterated_counts_reconcile"
-CHECKPOINT = "model.pt"
 OUTCOME = "outcome.json"
 
-#: The run config of ``training_run``: the trainer's own config model, field for field (Dagster
-#: validates it at launch), except ``num_workers``, which comes from ``ChainSettings``.
-TrainingConfig: type[dg.Config] = pydantic.create_model(
-    "TrainingConfig",
-    __base__=dg.Config,
-    __doc__=TrainConfig.__doc__,
-    **{n: (f.annotation, f) for n, f in TrainConfig.model_fields.items() if n != "num_workers"},
-)
 
+def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None = None) -> type:
+    """The run config of ``training_run`` for the trainer at ``trainer_path``.
 
-def _train_in_process(index: Index, config: TrainConfig, out: Path, log) -> TrainSummary:
-    outcome = fit(index, config, rank=0, world_size=1, log=log)
-    digest = save_checkpoint(
-        out / CHECKPOINT,
-        state_dict=outcome.state_dict,
-        spec=outcome.spec,
-        config=config.model_dump(),
-        hidden=config.hidden,
+    Field for field the trainer's ``Config`` model (Dagster validates types and enums at launch),
+    with ``defaults`` (``LITHI_TRAINER_CONFIG``) as the defaults, plus ``trainer`` — the import
+    path, which one run may change. A trainer without a ``Config`` takes any fields.
+    """
+    trainer = load_trainer(trainer_path)
+    defaults = dict(defaults or {})
+    trainer.parse_config(defaults)  # refuses bad defaults now, with the trainer's own message
+    path_field = (
+        str,
+        pydantic.Field(default=trainer_path, description="import path of the Trainer to run"),
     )
-    return TrainSummary.of(outcome, digest, 1)
+    if trainer.Config is None:
+        return pydantic.create_model(
+            "TrainingConfig", __base__=dg.PermissiveConfig, trainer=path_field
+        )
+    fields: dict[str, Any] = {"trainer": path_field}
+    for name, f in trainer.Config.model_fields.items():
+        if name in defaults:
+            f = copy.copy(f)
+            f.default, f.default_factory = defaults[name], None
+        fields[name] = (f.annotation, f)
+    return pydantic.create_model(
+        "TrainingConfig", __base__=dg.Config, __doc__=trainer.Config.__doc__, **fields
+    )
+
+
+def _train_in_process(
+    trainer: Trainer, index: Index, config: dict, out: Path, num_workers: int, log
+) -> TrainSummary:
+    checkpoint_dir = out / CHECKPOINT_DIR
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    result, report, passes = run_fit(
+        trainer, index, config, output_dir=checkpoint_dir, num_workers=num_workers, log=log
+    )
+    return summarize(result, report, passes, hash_checkpoint(checkpoint_dir), 1)
 
 
 def _train_torchrun(
     context: dg.AssetExecutionContext,
     pipes: dg.PipesSubprocessClient,
+    trainer_path: str,
     index: Index,
     cache_dir: Path,
-    config: TrainConfig,
+    config: dict,
     world: int,
+    num_workers: int,
     out: Path,
 ) -> tuple[TrainSummary, dict]:
     """Train with ``world`` real torchrun ranks; each verifies the bundle with the cache's trust
@@ -64,7 +96,8 @@ def _train_torchrun(
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", str(world), "-m", "pipeline.defs.train_launch",
         "--bundle", str(index.snapshot.root), "--cache-dir", str(cache_dir),
-        "--index-sha256", index.digest, "--config", config.model_dump_json(), "--out", str(out),
+        "--index-sha256", index.digest, "--trainer", trainer_path,
+        "--config", json.dumps(config), "--num-workers", str(num_workers), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     invocation = pipes.run(command=cmd, context=context, env=env)
@@ -74,87 +107,122 @@ def _train_torchrun(
     return TrainSummary.model_validate_json((out / OUTCOME).read_text()), reported
 
 
-@dg.asset(
-    group_name=CHAIN_GROUP,
-    io_manager_key=IO_MANAGER_KEY,
-    kinds={"pytorch"},
-    code_version="2",
-    check_specs=[
-        dg.AssetCheckSpec(
-            RECONCILES,
-            asset="training_run",
-            description="Items iterated equal the manifest's, by status (accepted, failed, "
-            "abstained), with no id seen twice; outstanding items are carried in the report.",
-        )
-    ],
-)
-def training_run(
-    context: dg.AssetExecutionContext,
-    config: TrainingConfig,
-    disjoint_index: Index,
-    chain_settings: ChainSettings,
-    artifacts: ArtifactStore,
-    bundle_store: BundleStoreResource,
-    pipes_subprocess_client: dg.PipesSubprocessClient,
-):
-    """A classifier trained on your hardware from the disjoint index: accepted rows, weighted
-    by confidence (both configurable). world_size 1 trains in the step's process; more ranks run
-    as real torchrun processes through Dagster Pipes. The checkpoint's folder holds, beside it, a
-    record of the training snapshot, index digest, config and metrics, written once."""
-    train_config = TrainConfig(**config.model_dump(), num_workers=chain_settings.num_workers)
-    out = artifacts.directory(context)
-    world = chain_settings.world_size
-    index = disjoint_index
-    reported: dict = {}
-    if world == 1:
-        summary = _train_in_process(index, train_config, out, context.log.info)
-    else:
-        summary, reported = _train_torchrun(
-            context,
-            pipes_subprocess_client,
-            index,
-            bundle_store.store().cache_dir,
-            train_config,
-            world,
-            out,
-        )
-    report = summary.reconciliation
-    record = TrainingRecord(
-        snapshot=index.snapshot.identity,
-        index_sha256=index.digest,
-        config=train_config.model_dump(),
-        world_size=world,
-        checkpoint_file=CHECKPOINT,
-        checkpoint_sha256=summary.checkpoint_sha256,
-        metrics=summary.metrics,
-        loss_curve=summary.loss_curve,
-        reconciliation=report,
+def training_run_asset(
+    trainer_path: str = REFERENCE_TRAINER, defaults: Mapping[str, Any] | None = None
+) -> dg.AssetsDefinition:
+    """The ``training_run`` asset for the trainer at ``trainer_path`` (see the module doc)."""
+    TrainingConfig = training_config_class(trainer_path, defaults)  # noqa: N806
+
+    @dg.asset(
+        name="training_run",
+        group_name=CHAIN_GROUP,
+        io_manager_key=IO_MANAGER_KEY,
+        kinds={"pytorch"},
+        code_version="3",
+        check_specs=[
+            dg.AssetCheckSpec(
+                RECONCILES,
+                asset="training_run",
+                description="Items the trainer's last full pass iterated equal the manifest's, "
+                "by status (accepted, failed, abstained), with no id seen twice; outstanding "
+                "items are carried in the report.",
+            )
+        ],
     )
-    record_path = write_record(out, record)
-    svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")
-    yield dg.AssetCheckResult(
-        check_name=RECONCILES,
-        passed=report.ok,
-        metadata={k: v for k, v in report.as_dict().items() if isinstance(v, int | float | str)},
-    )
-    yield dg.Output(
-        TrainedModel(index, out, record),
-        metadata={
+    def training_run(
+        context: dg.AssetExecutionContext,
+        config: TrainingConfig,  # type: ignore[valid-type]
+        disjoint_index: Index,
+        chain_settings: ChainSettings,
+        artifacts: ArtifactStore,
+        bundle_store: BundleStoreResource,
+        pipes_subprocess_client: dg.PipesSubprocessClient,
+    ):
+        """A model trained on your hardware from the disjoint index by the configured trainer
+        (the reference MLP unless told otherwise). world_size 1 trains in the step's process;
+        more ranks run as real torchrun processes through Dagster Pipes. Beside the checkpoint,
+        a record of the training snapshot, index digest, trainer, config, features and metrics,
+        written once."""
+        values = config.model_dump()
+        path = values.pop("trainer")
+        trainer = load_trainer(path)
+        params = trainer.parse_config(values)
+        params_data = params.model_dump(mode="json") if hasattr(params, "model_dump") else params
+        out = artifacts.directory(context)
+        world = chain_settings.world_size
+        workers = chain_settings.num_workers
+        index = disjoint_index
+        reported: dict = {}
+        if world == 1:
+            summary = _train_in_process(trainer, index, params_data, out, workers, context.log.info)
+        else:
+            cache = bundle_store.store().cache_dir
+            summary, reported = _train_torchrun(
+                context,
+                pipes_subprocess_client,
+                path,
+                index,
+                cache,
+                params_data,
+                world,
+                workers,
+                out,
+            )
+        report = summary.reconciliation
+        record = TrainingRecord(
+            snapshot=index.snapshot.identity,
+            index_sha256=index.digest,
+            trainer=trainer_info(path, trainer),
+            config=params_data,
+            features=summary.features,
+            world_size=world,
+            checkpoint=summary.checkpoint,
+            metrics=summary.metrics,
+            loss_curve=summary.loss_curve,
+            reconciliation=report,
+            passes=summary.passes,
+        )
+        record_path = write_record(out, record)
+        yield dg.AssetCheckResult(
+            check_name=RECONCILES,
+            passed=report.ok,
+            metadata={
+                **{k: v for k, v in report.as_dict().items() if isinstance(v, int | float | str)},
+                "passes": summary.passes,
+                "problems": "\n".join(report.problems()) or "none",
+            },
+        )
+        meta: dict[str, Any] = {
             **md.identity("snapshot", index.snapshot.identity),
             "index_sha256": index.digest,
-            "checkpoint_sha256": summary.checkpoint_sha256,
-            "checkpoint": dg.MetadataValue.path(str(out / CHECKPOINT)),
+            "trainer": record.trainer.path,
+            "trainer_version": record.trainer.version or "unknown",
+            "checkpoint_sha256": record.checkpoint.sha256,
+            "checkpoint": dg.MetadataValue.path(str(out / CHECKPOINT_DIR)),
             "record": dg.MetadataValue.path(str(record_path)),
             "record_json": dg.MetadataValue.json(json.loads(record_text(record))),
-            "loss_curve_chart": dg.MetadataValue.md(charts.svg_markdown(svg)),
-            "loss_curve": dg.MetadataValue.md(charts.loss_markdown(summary.loss_curve)),
-            "loss_curve_svg": dg.MetadataValue.path(str(svg)),
-            "final_loss": float(summary.loss_curve[-1]),
-            "holdout_accuracy": float(summary.metrics["holdout_accuracy"]),
-            "train_accuracy": float(summary.metrics["train_accuracy"]),
+            "features": md.features_table(record.features),
+            **{k: md.number(v) for k, v in record.metrics.items()},
             "world_size": world,
             "items_iterated": report.items_iterated,
             **reported,
-        },
-        data_version=dg.DataVersion(summary.checkpoint_sha256),
-    )
+        }
+        if summary.loss_curve:
+            svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")
+            meta["loss_curve_chart"] = dg.MetadataValue.md(charts.svg_markdown(svg))
+            meta["loss_curve"] = dg.MetadataValue.md(charts.loss_markdown(summary.loss_curve))
+            meta["loss_curve_svg"] = dg.MetadataValue.path(str(svg))
+            meta["final_loss"] = md.number(summary.loss_curve[-1])
+        yield dg.Output(
+            TrainedModel(index, out, record),
+            metadata=meta,
+            data_version=dg.DataVersion(record.checkpoint.sha256),
+        )
+
+    return training_run
+
+
+#: The reference trainer's run config (what tests and scripts build run configs from).
+TrainingConfig = training_config_class(REFERENCE_TRAINER)
+
+training_run = training_run_asset()

@@ -83,9 +83,10 @@ class BundleStore:
 
     # -- locations ---------------------------------------------------------------------------
 
-    def _open_fs(
+    def open_location(
         self, url: str, credential_ref: str | None
     ) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The fsspec filesystem and path for ``url``, with ``credential_ref``'s secret if any."""
         options: dict = {}
         if credential_ref is not None:
             if self.credentials is None:
@@ -101,7 +102,7 @@ class BundleStore:
 
     def read_manifest(self, url: str, credential_ref: str | None = None) -> Manifest:
         """Read and validate only ``result-manifest.json`` at ``url``."""
-        fs, root = self._open_fs(url, credential_ref)
+        fs, root = self.open_location(url, credential_ref)
         return parse_manifest(
             self._manifest_bytes(fs, root, url), path=_join(url, fmt.MANIFEST_NAME)
         )
@@ -129,7 +130,7 @@ class BundleStore:
 
     def fetch(self, url: str, *, credential_ref: str | None = None) -> FetchResult:
         """Download the bundle at ``url`` into the cache once and return its local view."""
-        fs, root = self._open_fs(url, credential_ref)
+        fs, root = self.open_location(url, credential_ref)
         raw = self._manifest_bytes(fs, root, url)
         manifest = parse_manifest(raw, path=_join(url, fmt.MANIFEST_NAME))
         version = manifest.snapshot.version_id

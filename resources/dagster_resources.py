@@ -7,6 +7,8 @@ variable NAMES, resolved at download time.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from pathlib import Path
 from typing import Literal
 
@@ -14,15 +16,20 @@ import dagster as dg
 from pydantic import Field
 
 from resources.bundle_store import BundleStore
-from resources.compute.client import ComputeClient
+from resources.compute.bundle_dir import BundleDirectory
+from resources.compute.client import ComputeClient, ComputeError
 from resources.compute.local import LocalCompute
 from resources.credentials import CredentialRegistry
 
 
 class ComputeResource(dg.ConfigurableResource):
-    """The Compute service the chain submits to and watches (the local one here)."""
+    """The Compute service the chain submits to and watches: the local one, or yours."""
 
-    root: str = Field(description="The local Compute's root directory (jobs, results).")
+    service: str = Field(
+        default="local",
+        description="'local', or the import path of your ComputeClient ('pkg.module:Class').",
+    )
+    root: str = Field(default="", description="The local Compute's root (jobs, results).")
     executor: Literal["subprocess", "inline"] = Field(
         default="subprocess",
         description="'subprocess': each job attempt is a detached process; 'inline': in-process.",
@@ -33,10 +40,29 @@ class ComputeResource(dg.ConfigurableResource):
     )
 
     def client(self) -> ComputeClient:
-        """A client of the configured Compute service (cheap; state is on disk, not in here)."""
+        """A client of the configured Compute service (cheap; state lives with the service)."""
+        if self.service != "local":
+            return load_client(self.service)
+        if not self.root:
+            raise ComputeError("the local Compute needs a root directory (LITHI_COMPUTE_ROOT)")
         return LocalCompute(
             Path(self.root), self.executor, credentials=CredentialRegistry(self.credential_refs)
         )
+
+
+def load_client(path: str) -> ComputeClient:
+    """Construct the :class:`ComputeClient` subclass at ``package.module:Class`` (no arguments)."""
+    module_name, sep, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr, None) if sep else None
+    except ImportError as e:
+        raise ComputeError(f"Compute client {path!r}: cannot import {module_name!r} ({e})") from e
+    if not (inspect.isclass(cls) and issubclass(cls, ComputeClient)):
+        raise ComputeError(
+            f"Compute client {path!r}: expected 'package.module:Class' naming a subclass of "
+            "resources.compute.client.ComputeClient"
+        )
+    return cls()
 
 
 class BundleStoreResource(dg.ConfigurableResource):
@@ -51,3 +77,17 @@ class BundleStoreResource(dg.ConfigurableResource):
     def store(self) -> BundleStore:
         """The bundle store over the configured cache, with the registered credential refs."""
         return BundleStore(Path(self.cache_dir), CredentialRegistry(self.credential_refs))
+
+
+class BundleSourceResource(ComputeResource):
+    """A result bundle at a URL and its newer versions beside it, with no Compute behind it."""
+
+    bundle_url: str = Field(description="URL (or path) of the bundle to train on.")
+    bundle_store: BundleStoreResource
+    credential_ref: str = Field(default="", description="Reference used to read the URL.")
+
+    def client(self) -> ComputeClient:
+        """The bundle's lineage as a read-only job (see :mod:`resources.compute.bundle_dir`)."""
+        return BundleDirectory(
+            self.bundle_url, self.bundle_store.store(), self.credential_ref or None
+        )

@@ -14,7 +14,6 @@ computes a path or verifies its inputs by hand. The pattern is Dagster's own
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +67,16 @@ class ChainIOManager(dg.ConfigurableIOManager):
         elif isinstance(obj, TrainedModel):
             # The index is rebuilt from the snapshot on load and checked against the digest in
             # the record, so it is not saved a second time.
-            # The checkpoint was hashed when it was written; it is kept read-only and its
-            # fingerprint lets a later load trust that digest (as the bundle cache does).
-            os.chmod(obj.checkpoint, 0o444)
+            # The checkpoint files were hashed (and made read-only) when training ended; their
+            # fingerprints let a later load trust those digests, as the bundle cache does.
             ref = {
                 "type": "trained_model",
                 "directory": str(obj.directory),
                 "snapshot": _snapshot_ref(obj.index.snapshot),
-                "checkpoint": Fingerprint.of(obj.checkpoint).as_dict(),
+                "checkpoint": {
+                    rel: Fingerprint.of(obj.checkpoint_dir / rel).as_dict()
+                    for rel in obj.record.checkpoint.files
+                },
             }
         elif isinstance(obj, pa.Table):
             path = folder / TABLE_NAME
@@ -187,15 +188,27 @@ def _load_trained_model(ref: dict[str, Any], store: BundleStore) -> TrainedModel
             f"now indexes as {index.digest}"
         )
     model = TrainedModel(index, directory, record)
-    if _read_only(model.checkpoint) and matches(
-        model.checkpoint, Fingerprint.from_dict(ref["checkpoint"])
-    ):
-        return model  # the very file whose digest the record holds, untouched since
-    found = sha256_file(model.checkpoint)
-    if found != record.checkpoint_sha256:
+    prints = ref["checkpoint"]
+    present = {p.relative_to(model.checkpoint_dir).as_posix() for p in _files(model.checkpoint_dir)}
+    if present != set(record.checkpoint.files):
         raise DigestMismatch(
-            f"{model.checkpoint}: sha256 expected {record.checkpoint_sha256} (its record), "
-            f"found {found}; the checkpoint changed after training",
-            path=str(model.checkpoint),
+            f"{model.checkpoint_dir}: holds {sorted(present)}, its record binds "
+            f"{sorted(record.checkpoint.files)}; the checkpoint changed after training",
+            path=str(model.checkpoint_dir),
         )
+    for rel, digest in record.checkpoint.files.items():
+        path = model.checkpoint_dir / rel
+        if _read_only(path) and rel in prints and matches(path, Fingerprint.from_dict(prints[rel])):
+            continue  # the very file whose digest the record holds, untouched since
+        found = sha256_file(path)
+        if found != digest:
+            raise DigestMismatch(
+                f"{path}: sha256 expected {digest} (its record), found {found}; the checkpoint "
+                "changed after training",
+                path=str(path),
+            )
     return model
+
+
+def _files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.is_file() or p.is_symlink()]

@@ -9,13 +9,16 @@ resources, from one :class:`LithiEnv`.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import dagster as dg
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.training.trainer import REFERENCE_TRAINER
 from resources.compute.client import ComputeClient
 from resources.credentials import CredentialRegistry
 
@@ -66,12 +69,43 @@ class LithiEnv(BaseSettings):
     artifacts_dir: Path | None = None
     credential_refs: str = ""
     credential_ref: str = ""
+    trainer: str = REFERENCE_TRAINER
+    trainer_config: str = "{}"
+    compute: str = "local"
+    bundle_url: str = ""
+
+    @field_validator("trainer_config")
+    @classmethod
+    def _json_object(cls, v: str) -> str:
+        try:
+            data = json.loads(v)
+        except ValueError as e:
+            raise ValueError(f"not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        return v
+
+    @field_validator("trainer", "compute")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        if v != "local" and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
+            raise ValueError("expected an import path 'package.module:Name'")
+        return v
 
     @field_validator("credential_refs")
     @classmethod
     def _refs(cls, v: str) -> str:
         parse_credential_refs(v)
         return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LithiEnv:
+        if self.bundle_url and self.compute != "local":
+            raise ValueError(
+                "LITHI_BUNDLE_URL trains on a bundle with no Compute service; LITHI_COMPUTE "
+                "names one: set only one of them"
+            )
+        return self
 
     @classmethod
     def load(cls) -> LithiEnv:
@@ -101,6 +135,11 @@ class LithiEnv(BaseSettings):
         return self.under_home(self.artifacts_dir, "artifacts")
 
     @property
+    def trainer_defaults(self) -> dict[str, Any]:
+        """``LITHI_TRAINER_CONFIG`` parsed: defaults of the trainer's run config."""
+        return json.loads(self.trainer_config)
+
+    @property
     def credential_ref_map(self) -> dict[str, str]:
         """``LITHI_CREDENTIAL_REFS`` parsed: ref -> NAME of the variable holding its secret."""
         return parse_credential_refs(self.credential_refs)
@@ -110,6 +149,9 @@ def describe(e: ValidationError) -> str:
     """One line per bad variable: ``LITHI_X='value': what was expected``."""
     lines = []
     for err in e.errors():
+        if not err["loc"]:  # a rule between variables: its message names them
+            lines.append(err["msg"].removeprefix("Value error, "))
+            continue
         name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
         given = err.get("input")
         shown = repr(given) if isinstance(given, str) else "<unset>"

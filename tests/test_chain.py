@@ -58,8 +58,12 @@ def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsy
     assert output["input/content_sha256"] == sha
     assert manifest["accepted"] + manifest["failed"] + manifest["abstained"] == manifest["items"]
 
-    # The record beside the checkpoint names the data that produced it; the UI shows the file.
+    # The record beside the checkpoint names the data and the code that produced it; the UI
+    # shows the file as it is.
     record = read_record(training["record"])
+    assert record.trainer.path == "pipeline.training.reference:ReferenceTrainer"
+    assert record.trainer.source_sha256 and record.features.used
+    assert list(record.checkpoint.files) == ["model.pt"]
     assert training["record_json"] == json.loads(Path(training["record"]).read_text())
     assert record.snapshot.content_sha256 == sha
     assert record.index_sha256 == training["index_sha256"]
@@ -82,7 +86,7 @@ def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsy
     assert table.column(id_field).type == "string"
     first_id = pq.read_table(src.part_paths()[0], columns=[id_field]).column(0)[0].as_py()
     assert first_id in set(table.column(id_field).to_pylist())
-    assert set(table.column("checkpoint_sha256").to_pylist()) == {record.checkpoint_sha256}
+    assert set(table.column("checkpoint_sha256").to_pylist()) == {record.checkpoint.sha256}
 
     # The output bundle passes `lithi-bundle verify` and names the training snapshot as input.
     assert bundle_cli(["verify", "--json", output["bundle_path"]]) == 0
@@ -108,7 +112,8 @@ def test_a_chain_run_hashes_each_bundle_once(tmp_path, labelled_samples):
     hashed = file_bytes_hashed() - before
     assert result.success
     output = verify(_meta(result, "output_bundle")["bundle_path"])
-    checkpoint = Path(_meta(result, "training_run")["checkpoint"]).stat().st_size
+    checkpoint_dir = Path(_meta(result, "training_run")["checkpoint"])
+    checkpoint = sum(p.stat().st_size for p in checkpoint_dir.rglob("*") if p.is_file())
     # The result bundle once on arrival in the cache, the output bundle once as it is staged,
     # the checkpoint once as it is written; every later load verifies with trust.
     expected = result_bytes.stats.bytes_total + output.stats.bytes_total + checkpoint

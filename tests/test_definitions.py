@@ -68,11 +68,38 @@ def test_every_resource_an_asset_needs_is_provided():
 
 def test_training_run_config_is_the_trainer_config_field_for_field():
     from assets.training_run import TrainingConfig
-    from pipeline.training.fit import TrainConfig
+    from pipeline.training.fit import ReferenceConfig
 
-    assert set(TrainingConfig.model_fields) == set(TrainConfig.model_fields) - {"num_workers"}
+    assert set(TrainingConfig.model_fields) == set(ReferenceConfig.model_fields) | {"trainer"}
     job = defs.resolve_job_def("compute_chain_job")
-    ok = {"ops": {"training_run": {"config": {"feature_columns": ["pixels"], "epochs": 2}}}}
+    ok = {"ops": {"training_run": {"config": {"features": ["pixels"], "epochs": 2}}}}
     assert dg.validate_run_config(job, ok)
-    with pytest.raises(dg.DagsterInvalidConfigError, match="bogus"):
-        dg.validate_run_config(job, {"ops": {"training_run": {"config": {"reader": "bogus"}}}})
+    for bad, field in [({"reader": "bogus"}, "bogus"), ({"task": "ranking"}, "ranking")]:
+        with pytest.raises(dg.DagsterInvalidConfigError, match=field):
+            dg.validate_run_config(job, {"ops": {"training_run": {"config": bad}}})
+
+
+def test_lithi_trainer_config_sets_the_run_config_defaults(monkeypatch):
+    monkeypatch.setenv("LITHI_TRAINER_CONFIG", '{"auto_features": true, "epochs": 2}')
+    job = build_definitions().resolve_job_def("compute_chain_job")
+    config = dg.validate_run_config(job, {})["ops"]["training_run"]["config"]
+    assert config["auto_features"] is True and config["epochs"] == 2
+    assert config["trainer"] == "pipeline.training.reference:ReferenceTrainer"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("LITHI_TRAINER_CONFIG", '{"epochs": "many"}', "ReferenceTrainer config: epochs: Input"),
+        ("LITHI_TRAINER_CONFIG", "[1]", "expected a JSON object, found list"),
+        ("LITHI_TRAINER", "my_pkg.nowhere:T", "cannot import 'my_pkg.nowhere'"),
+        ("LITHI_TRAINER", "not a path", "expected an import path"),
+    ],
+)
+def test_a_bad_trainer_setting_refuses_to_load_naming_it(monkeypatch, name, value, message):
+    from resources.settings import SettingsError
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as e:
+        build_definitions()
+    assert str(e.value).startswith(f"{name}={value!r}: ") and message in str(e.value)

@@ -208,7 +208,7 @@ def test_training_run_page_shows_the_checkpoint_record_and_data_digest(
     body = page.locator("body")
     # The data digest the checkpoint was trained on, as its record (the file beside it) says.
     expect(body).to_contain_text(record.snapshot.content_sha256)
-    expect(body).to_contain_text(record.checkpoint_sha256)
+    expect(body).to_contain_text(record.checkpoint.sha256)
     expect(body).to_contain_text(record.snapshot.version_id)
     expect(body).to_contain_text(str(training["record"]))
     assert record.snapshot.version_id == lineage_instance.version_id

@@ -71,7 +71,9 @@ def test_secret_is_used_for_download_and_never_written(
         result = dg.materialize(
             CHAIN_ASSETS,
             resources=resources,
-            run_config=dg.RunConfig(ops={"training_run": TrainingConfig(epochs=1)}),
+            run_config=dg.RunConfig(
+                ops={"training_run": TrainingConfig(epochs=1, auto_features=True)}
+            ),
             instance=instance,
         )
         assert result.success

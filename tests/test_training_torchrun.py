@@ -15,7 +15,9 @@ def test_training_through_torchrun_via_pipes_reconciles(tmp_path, labelled_sampl
         result = dg.materialize(
             CHAIN_ASSETS,
             resources=resources,
-            run_config=dg.RunConfig(ops={"training_run": TrainingConfig(epochs=2)}),
+            run_config=dg.RunConfig(
+                ops={"training_run": TrainingConfig(epochs=2, auto_features=True)}
+            ),
             instance=instance,
         )
         assert result.success

@@ -7,11 +7,16 @@ stops the code location from loading with one line naming the variable.
 
 import dagster as dg
 
-from assets import CHAIN_ASSETS, CHAIN_CHECKS
+from assets import CHAIN_CHECKS, chain_assets
 from pipeline.defs.jobs import chain_job, resubmit_job
 from pipeline.defs.sensor import compute_partial_sensor
+from pipeline.training.trainer import TrainerError, load_trainer
 from resources.artifacts import ArtifactStore
-from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.dagster_resources import (
+    BundleSourceResource,
+    BundleStoreResource,
+    ComputeResource,
+)
 from resources.io_manager import ChainIOManager
 from resources.settings import ChainSettings, LithiEnv, SettingsError
 
@@ -21,10 +26,20 @@ def resources_from(env: LithiEnv) -> dict[str, object]:
     refs = env.credential_ref_map
     store = BundleStoreResource(cache_dir=str(env.cache_path), credential_refs=refs)
     artifacts = ArtifactStore(root=str(env.artifacts_path))
+    compute: ComputeResource
+    if env.bundle_url:
+        compute = BundleSourceResource(
+            bundle_url=env.bundle_url, bundle_store=store, credential_ref=env.credential_ref
+        )
+    else:
+        compute = ComputeResource(
+            service=env.compute,
+            root=str(env.compute_root_path),
+            executor=env.compute_executor,
+            credential_refs=refs,
+        )
     return {
-        "compute": ComputeResource(
-            root=str(env.compute_root_path), executor=env.compute_executor, credential_refs=refs
-        ),
+        "compute": compute,
         "bundle_store": store,
         "artifacts": artifacts,
         "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
@@ -50,8 +65,16 @@ def chain_schedule(cron: str) -> dg.ScheduleDefinition:
 def build_definitions(env: LithiEnv | None = None, **resource_overrides: object) -> dg.Definitions:
     """Assemble the code location from ``env`` (default: the environment); tests override."""
     env = env or LithiEnv.load()
+    try:
+        load_trainer(env.trainer)
+    except TrainerError as e:
+        raise SettingsError(f"LITHI_TRAINER={env.trainer!r}: {e}") from None
+    try:
+        assets = chain_assets(env.trainer, env.trainer_defaults)
+    except TrainerError as e:
+        raise SettingsError(f"LITHI_TRAINER_CONFIG={env.trainer_config!r}: {e}") from None
     return dg.Definitions(
-        assets=CHAIN_ASSETS,
+        assets=assets,
         asset_checks=CHAIN_CHECKS,
         jobs=[chain_job, resubmit_job],
         schedules=[chain_schedule(env.chain_cron)],

@@ -55,6 +55,8 @@ class Observed:
     #: still queued or running (read from the Dagster instance by the sensor).
     resubmit_failures: int = 0
     resubmit_active: bool = False
+    #: Whether the Compute side can run the outstanding items at all.
+    can_resubmit: bool = True
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,13 @@ def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) ->
     cursor.first_seen.setdefault(v, now)
     if v in cursor.resubmit_requested:
         return _after_resubmit(observed, cursor, policy, d)
-    if observed.attempt >= policy.max_attempts:
+    if observed.attempt >= policy.max_attempts or not observed.can_resubmit:
         why = (
             f"{job}: PARTIAL after {observed.attempt}/{policy.max_attempts} attempts, "
             f"{observed.outstanding} items outstanding"
+            if observed.can_resubmit
+            else f"{job}: PARTIAL with {observed.outstanding} items outstanding, and nothing "
+            "can resubmit them (a bundle URL has no Compute service behind it)"
         )
         if not policy.train_on_partial:
             d.reasons.append(f"{why}; not training on incomplete data (train_on_partial is off)")

@@ -36,6 +36,11 @@ class Sample:
     reference: pa.Table
     truth: pa.Table  # id_field, label: the true label of every input item
 
+    @property
+    def features(self) -> list[str]:
+        """The sample's feature columns (every input column but the id)."""
+        return [c for c in self.input.column_names if c != self.id_field]
+
 
 def _reference_mask(ids: list[str], fraction: float) -> np.ndarray:
     """The ``round(fraction * n)`` ids with the smallest sha256: the labelled reference rows."""

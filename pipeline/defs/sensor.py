@@ -107,6 +107,7 @@ def tick(
             message=status.message,
             resubmit_failures=failures,
             resubmit_active=active,
+            can_resubmit=client.can_resubmit,
         )
         job_cursor = cursor.jobs.setdefault(job_id, JobCursor())
         decision = decide(observed, job_cursor, policy, now)

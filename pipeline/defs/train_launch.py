@@ -3,20 +3,22 @@
 Every rank verifies the bundle with the bundle cache's trust (every rule is checked; only files
 the cache cannot vouch for are hashed, so a rank never re-hashes what the chain verified),
 rebuilds the index and refuses to train unless its digest is the one the Dagster step was handed.
-Each rank trains on its disjoint share; only rank 0 opens the Dagster Pipes channel (one writer
-per channel), streams its log lines to the Dagster run and reports the materialization metadata.
-The other ranks log to stderr, which the Pipes subprocess client forwards to the run's logs.
-This module imports ``dagster_pipes`` (the small, dependency-free protocol package), never
-Dagster itself.
+Then every rank runs the same trainer (any :class:`~pipeline.training.Trainer`, by import path)
+on its disjoint share, the pipeline reconciles the passes across ranks, and rank 0 hashes the
+checkpoint and writes the outcome. Only rank 0 opens the Dagster Pipes channel (one writer per
+channel): its log lines and metadata reach the Dagster run; the other ranks log to stderr, which
+the Pipes subprocess client forwards. This module imports ``dagster_pipes`` (the small,
+dependency-free protocol package), never Dagster itself.
 
-    torchrun --nproc-per-node 2 -m pipeline.defs.train_launch \\
-        --bundle B --cache-dir C --index-sha256 D --config JSON --out DIR
+    torchrun --nproc-per-node 2 -m pipeline.defs.train_launch --bundle B --cache-dir C \\
+        --index-sha256 D --trainer pkg.mod:Trainer --config JSON --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -26,9 +28,12 @@ import torch.distributed as dist
 from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.readers.index import Index, IndexMismatch
-from pipeline.training.fit import TrainConfig, TrainSummary, fit
-from pipeline.training.model import save_checkpoint
+from pipeline.training.record import CHECKPOINT_DIR
+from pipeline.training.runner import hash_checkpoint, run_fit, summarize
+from pipeline.training.trainer import load_trainer
 from resources.bundle_store import BundleStore
+
+OUTCOME = "outcome.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", required=True, help="bundle view in the cache")
     p.add_argument("--cache-dir", required=True, help="the bundle cache that vouches for it")
     p.add_argument("--index-sha256", required=True, help="digest the rebuilt index must have")
-    p.add_argument("--config", required=True, help="TrainConfig as JSON")
-    p.add_argument("--out", required=True, help="directory for checkpoint + outcome (rank 0)")
+    p.add_argument("--trainer", required=True, help="import path of the Trainer (pkg.mod:Name)")
+    p.add_argument("--config", required=True, help="the trainer's config as a JSON object")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--out", required=True, help="the run's folder: checkpoint/ and the outcome")
     args = p.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -66,26 +73,28 @@ def main(argv: list[str] | None = None) -> int:
         # What every rank hashed to verify its input, summed: the cost of the launch itself.
         hashed = torch.tensor([file_bytes_hashed()], dtype=torch.int64)
         dist.all_reduce(hashed)
-        config = TrainConfig.model_validate_json(args.config)
-        outcome = fit(index, config, rank=rank, world_size=world, log=log)
+        trainer = load_trainer(args.trainer)
+        checkpoint_dir = Path(args.out) / CHECKPOINT_DIR
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        result, report, passes = run_fit(
+            trainer,
+            index,
+            json.loads(args.config),
+            output_dir=checkpoint_dir,
+            rank=rank,
+            world_size=world,
+            num_workers=args.num_workers,
+            log=log,
+        )
+        dist.barrier()  # rank 0 hashes the checkpoint only once every rank has finished fit
         if rank == 0:
-            out = Path(args.out)
-            digest = save_checkpoint(
-                out / "model.pt",
-                state_dict=outcome.state_dict,
-                spec=outcome.spec,
-                config=config.model_dump(),
-                hidden=config.hidden,
-            )
-            summary = TrainSummary.of(outcome, digest, world)
-            atomic_write_text(out / "outcome.json", summary.model_dump_json(indent=2))
+            summary = summarize(result, report, passes, hash_checkpoint(checkpoint_dir), world)
+            atomic_write_text(Path(args.out) / OUTCOME, summary.model_dump_json(indent=2))
             if pipes is not None:
                 pipes.report_asset_materialization(
                     metadata={
                         "world_size": world,
-                        "checkpoint_sha256": digest,
-                        "holdout_accuracy": outcome.metrics["holdout_accuracy"],
-                        "final_loss": outcome.loss_curve[-1],
+                        "checkpoint_sha256": summary.checkpoint.sha256,
                         "ranks_bytes_hashed": int(hashed.item()),
                     }
                 )

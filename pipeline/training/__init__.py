@@ -1,30 +1,43 @@
-"""The reference trainer: features, model, fit, predict and the record beside a checkpoint.
+"""Training: the trainer interface, the pipeline's side of a run, and the reference trainer.
 
-Pure torch over :mod:`pipeline.readers` (no Dagster), so the same code trains in a Dagster step,
-under ``torchrun`` or in a plain script.
+Pure torch over :mod:`pipeline.readers` (no Dagster), so the same trainer runs in a Dagster step,
+under ``torchrun`` or in a plain script. Write your own by subclassing :class:`Trainer`.
 """
 
-from pipeline.training.features import FeatureSpec, feature_columns, fit_spec, holdout_mask
-from pipeline.training.fit import TrainConfig, TrainOutcome, TrainSummary, evaluate_model, fit
-from pipeline.training.model import Classifier, load_checkpoint, save_checkpoint
-from pipeline.training.predict import predict
-from pipeline.training.record import TrainingRecord, read_record, write_record
+from pipeline.training.record import OutputRecord, TrainedModel, TrainingRecord, read_record
+from pipeline.training.runner import CheckpointFiles, TrainSummary, hash_checkpoint, run_fit
+from pipeline.training.trainer import (
+    REFERENCE_TRAINER,
+    FeatureSet,
+    FitContext,
+    FitResult,
+    PredictContext,
+    TalliedLoader,
+    Trainer,
+    TrainerError,
+    TrainerInfo,
+    load_trainer,
+    trainer_info,
+)
 
 __all__ = [
-    "Classifier",
-    "FeatureSpec",
-    "TrainConfig",
-    "TrainOutcome",
+    "REFERENCE_TRAINER",
+    "CheckpointFiles",
+    "FeatureSet",
+    "FitContext",
+    "FitResult",
+    "OutputRecord",
+    "PredictContext",
+    "TalliedLoader",
     "TrainSummary",
+    "TrainedModel",
+    "Trainer",
+    "TrainerError",
+    "TrainerInfo",
     "TrainingRecord",
-    "evaluate_model",
-    "feature_columns",
-    "fit",
-    "fit_spec",
-    "holdout_mask",
-    "load_checkpoint",
-    "predict",
+    "hash_checkpoint",
+    "load_trainer",
     "read_record",
-    "save_checkpoint",
-    "write_record",
+    "run_fit",
+    "trainer_info",
 ]

@@ -1,139 +1,308 @@
-"""How a batch becomes model input: which columns, their normalisation, the classes, the hold-out.
+"""How the reference trainer turns batches into model input: chosen columns, masks, targets.
 
-Features are chosen from the manifest's declared schema, never from the data, and the
-normalisation is fitted once on the accepted rows; the hold-out split is a pure function of each
-item's id, so every process and every rerun holds out the same items.
+Features are chosen from the manifest's declared schema — named explicitly, or chosen
+automatically only when asked, with every column left out recorded with its reason — never
+guessed from the data. Normalisation and the classes are fitted in one pass over the readers
+(summed across ranks), so the input is read the way training reads it, never whole into memory.
+A nullable feature is filled with its mean and gets a validity indicator beside it (the readers'
+``<name>__valid`` mask), so a null never crashes a batch and never hides in a fill value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Literal
+
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.bundle import format as fmt
-from pipeline.bundle.digest import sha256_bytes
-from pipeline.bundle.manifest import Schema
-from pipeline.readers.index import Index
+from pipeline.bundle.ids import hash64
+from pipeline.bundle.manifest import Schema, SchemaField
+from pipeline.readers.batches import accepted_mask
 from pipeline.readers.tensors import VALID_SUFFIX
+from pipeline.training.trainer import FeatureSet, TrainerError
 
-_NUMERIC = "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64".split()
-EXCLUDED_BY_DEFAULT = ("label",)  # a ground-truth column is never a feature
+Task = Literal["classification", "regression"]
+
+_NUMERIC = {
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "date32", "timestamp[us,UTC]",
+}  # fmt: skip
+_INTEGER_LABELS = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"}
+_FLOATS = {"float16", "float32", "float64"}
 
 
-class FeatureSpec(BaseModel):
-    """How a batch becomes a feature matrix: columns, widths, normalisation, and the classes."""
+class FeatureColumn(BaseModel):
+    """One feature column: its width in the feature vector, and whether it carries a mask."""
 
     model_config = ConfigDict(frozen=True)
 
-    columns: list[str]
-    widths: list[int]
+    name: str
+    width: int
+    nullable: bool
+
+
+class FeatureSpec(BaseModel):
+    """How a batch becomes a feature matrix and a target: columns, normalisation, classes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: Task
+    label: str
+    columns: list[FeatureColumn]
     mean: list[float]
     std: list[float]
-    classes: list[int]
-    target_column: str
+    classes: list[int | str] = []
+    target_mean: float = 0.0
+    target_std: float = 1.0
 
     @property
     def dim(self) -> int:
-        """Width of the feature vector."""
-        return sum(self.widths)
+        """Width of the feature vector: every value, plus one indicator per nullable column."""
+        return sum(c.width + c.nullable for c in self.columns)
+
+    @property
+    def outputs(self) -> int:
+        """Model outputs: one logit per class, or the one regressed value."""
+        return len(self.classes) if self.task == "classification" else 1
 
 
-def feature_columns(schema: Schema, id_field: str, target: str) -> list[str]:
-    """Every numeric scalar or fixed-size-list column that is not the id, a result or the target."""
-    out = []
-    for f in schema.fields:
-        if f.name in (id_field, target) or f.name.startswith(fmt.LITHI_PREFIX):
-            continue
-        if f.name in EXCLUDED_BY_DEFAULT:
-            continue
-        base = f.type
-        if base.startswith("fixed_size_list<"):
-            base = base[len("fixed_size_list<") :].split(",")[0]
-        if base in _NUMERIC:
-            out.append(f.name)
-    return out
+def _base_type(f: SchemaField) -> tuple[str, int] | None:
+    """``(scalar type, width)`` of a column usable as a feature, else ``None``."""
+    t = f.type
+    if t.startswith("fixed_size_list<"):
+        elem, n = t[len("fixed_size_list<") : -1].rsplit(",", 1)
+        return (elem, int(n)) if elem in _NUMERIC else None
+    return (t, 1) if t in _NUMERIC else None
 
 
-def _flat(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A column as a float64 matrix [rows, width], nulls as NaN."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_fixed_size_list(arr.type):
-        width = arr.type.list_size
-        values = arr.flatten().cast(pa.float64()).to_numpy(zero_copy_only=False)
-        m = values.reshape(-1, width)
-        if arr.null_count:
-            m = m.copy()
-            m[~arr.is_valid().to_numpy(zero_copy_only=False)] = np.nan
-        return m
-    return arr.cast(pa.float64()).to_numpy(zero_copy_only=False).reshape(-1, 1)
+def _why_not(f: SchemaField) -> str:
+    t = f.type
+    if t == "string":
+        return "string: text is not a numeric feature (encode it yourself)"
+    if t == "binary":
+        return "binary: not a numeric feature"
+    if t.startswith("list<"):
+        return f"{t}: variable length, the model takes fixed-width input"
+    return f"{t}: not a numeric feature"
 
 
-def fit_spec(index: Index, target_column: str, columns: list[str] | None = None) -> FeatureSpec:
-    """Choose features from the manifest and fit their normalisation on the accepted rows."""
-    schema = index.schema
-    cols = columns or feature_columns(schema, index.id_field, target_column)
-    if not cols:
-        raise ValueError(f"no numeric feature columns in {schema.names}")
-    for name in [*cols, target_column]:
-        schema.field(name)  # KeyError naming the declared columns
-    read = [*cols, target_column, fmt.STATUS_COLUMN]
-    tables = [pq.read_table(p, columns=read) for p in index.part_paths]
-    table = pa.concat_tables(tables)
-    accepted = pc.equal(table.column(fmt.STATUS_COLUMN), "accepted").fill_null(False)
-    table = table.filter(accepted)
-    mats = [_flat(table.column(c)) for c in cols]
-    x = np.concatenate(mats, axis=1) if mats else np.zeros((0, 0))
-    mean = np.nanmean(x, axis=0) if len(x) else np.zeros(x.shape[1])
-    std = np.nanstd(x, axis=0) if len(x) else np.ones(x.shape[1])
-    std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
-    mean = np.where(np.isfinite(mean), mean, 0.0)
-    target = table.column(target_column).drop_null()
-    classes = sorted(int(v) for v in pc.unique(target).to_pylist())
-    if len(classes) < 2:
-        raise ValueError(f"need at least two classes in {target_column!r}, found {classes}")
+def choose_features(
+    schema: Schema,
+    *,
+    id_field: str,
+    label: str,
+    features: list[str],
+    auto: bool,
+    exclude: Iterable[str] = (),
+) -> tuple[list[SchemaField], FeatureSet]:
+    """The feature columns, from an explicit list or (``auto``) every usable declared column.
+
+    Returns the chosen fields and the :class:`FeatureSet` to record: what was used and, in auto
+    mode, every column left out with the reason. An explicit column that does not exist or
+    cannot be a feature is a :class:`TrainerError` naming it.
+    """
+    if bool(features) == auto:
+        raise TrainerError(
+            "name the feature columns in 'features', or set 'auto_features': true to use every "
+            "numeric declared column (not both)"
+        )
+    reserved = {id_field: "the item id", label: "the label"}
+    excluded = set(exclude)
+    if auto:
+        chosen, dropped = [], {}
+        for f in schema.fields:
+            if f.name in reserved:
+                dropped[f.name] = reserved[f.name]
+            elif f.name.startswith(fmt.LITHI_PREFIX):
+                dropped[f.name] = "a lithi_* result column"
+            elif f.name.endswith(VALID_SUFFIX):
+                dropped[f.name] = "a validity mask"
+            elif f.name in excluded:
+                dropped[f.name] = "excluded by the config"
+            elif _base_type(f) is None:
+                dropped[f.name] = _why_not(f)
+            else:
+                chosen.append(f)
+        if not chosen:
+            raise TrainerError(f"auto_features found no numeric column in {schema.names}")
+        return chosen, FeatureSet(used=[f.name for f in chosen], dropped=dropped)
+    chosen = []
+    for name in features:
+        try:
+            f = schema.field(name)
+        except KeyError as e:
+            raise TrainerError(str(e).strip("\"'")) from None
+        if name in reserved or name.startswith(fmt.LITHI_PREFIX):
+            why = reserved.get(name, "a lithi_* result column")
+            raise TrainerError(f"feature {name!r} is {why}; it cannot be a feature")
+        if _base_type(f) is None:
+            raise TrainerError(f"feature {name!r} cannot be used: {_why_not(f)}")
+        chosen.append(f)
+    return chosen, FeatureSet(used=list(features))
+
+
+def check_label(schema: Schema, label: str, task: Task) -> SchemaField:
+    """The label column, refused with the reason if its declared type does not fit ``task``."""
+    try:
+        f = schema.field(label)
+    except KeyError as e:
+        raise TrainerError(str(e).strip("\"'")) from None
+    if task == "classification":
+        if f.type in _FLOATS:
+            raise TrainerError(
+                f"label {label!r} is {f.type}: a classification target must be an integer, bool "
+                "or string column; for a continuous target use task 'regression'"
+            )
+        if f.type not in _INTEGER_LABELS | {"string"}:
+            raise TrainerError(f"label {label!r} is {f.type}: not a class label")
+    elif f.type not in _NUMERIC - {"date32", "timestamp[us,UTC]"}:
+        raise TrainerError(f"label {label!r} is {f.type}: a regression target must be numeric")
+    return f
+
+
+def _columns(fields: list[SchemaField]) -> list[FeatureColumn]:
+    return [FeatureColumn(name=f.name, width=_base_type(f)[1], nullable=f.nullable) for f in fields]
+
+
+def _values(batch: dict, col: FeatureColumn) -> tuple[torch.Tensor, torch.Tensor]:
+    """A column as float64 ``[B, width]`` and a ``[B, width]`` mask of usable values."""
+    t = batch[col.name]
+    x = t.to(torch.float64).reshape(t.shape[0], col.width)
+    ok = ~torch.isnan(x)
+    valid = batch.get(col.name + VALID_SUFFIX)
+    if valid is not None:
+        ok &= valid.reshape(-1, 1)
+    return x, ok
+
+
+def labels(batch: dict, label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
+    """The label values of a batch and a ``[B]`` mask of rows that have one."""
+    raw = batch[label]
+    if isinstance(raw, list):  # a string label
+        return raw, torch.tensor([v is not None for v in raw], dtype=torch.bool)
+    valid = batch.get(label + VALID_SUFFIX)
+    if valid is None:
+        valid = torch.ones(raw.shape[0], dtype=torch.bool)
+    if raw.is_floating_point():
+        valid = valid & ~torch.isnan(raw)
+    return raw, valid
+
+
+def _fit_rows(batch: dict, has_status: bool) -> torch.Tensor:
+    """Rows whose values may shape the normalisation: accepted ones in a result bundle."""
+    if has_status:
+        return accepted_mask(batch)
+    return torch.ones(len(next(iter(batch.values()))), dtype=torch.bool)
+
+
+def fit_spec(
+    batches: Iterable[dict],
+    fields: list[SchemaField],
+    *,
+    task: Task,
+    label: str,
+    has_status: bool,
+    world_size: int = 1,
+) -> FeatureSpec:
+    """Fit normalisation and classes in one pass over ``batches`` (this rank's share).
+
+    With ``world_size > 1`` the sums and the classes are combined across ranks (a collective:
+    every rank calls it), so every rank ends with the same spec.
+    """
+    columns = _columns(fields)
+    width = sum(c.width for c in columns)
+    sums = torch.zeros(3, width, dtype=torch.float64)  # count, sum, sum of squares
+    target = torch.zeros(3, dtype=torch.float64)
+    classes: set = set()
+    for batch in batches:
+        rows = _fit_rows(batch, has_status)
+        start = 0
+        for col in columns:
+            x, ok = _values(batch, col)
+            ok &= rows.reshape(-1, 1)
+            x = torch.where(ok, x, 0.0)
+            sums[0, start : start + col.width] += ok.sum(0)
+            sums[1, start : start + col.width] += x.sum(0)
+            sums[2, start : start + col.width] += (x * x).sum(0)
+            start += col.width
+        y, has_y = labels(batch, label)
+        keep = rows & has_y
+        if task == "classification":
+            values = y if isinstance(y, list) else y.tolist()
+            classes.update(v for v, k in zip(values, keep.tolist(), strict=True) if k)
+        else:
+            yv = y.to(torch.float64)[keep]
+            target += torch.stack([keep.sum().to(torch.float64), yv.sum(), (yv * yv).sum()])
+    if world_size > 1:
+        dist.all_reduce(sums)
+        dist.all_reduce(target)
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, classes)
+        classes = set().union(*gathered)
+    n = sums[0].clamp(min=1)
+    mean = sums[1] / n
+    std = (sums[2] / n - mean * mean).clamp(min=0).sqrt()
+    std = torch.where(std > 1e-8, std, torch.ones_like(std))
+    spec = {"task": task, "label": label, "columns": columns}
+    if task == "classification":
+        if len(classes) < 2:
+            raise TrainerError(
+                f"label {label!r} holds {len(classes)} class(es) among the rows used for "
+                "fitting; a classifier needs at least two"
+            )
+        return FeatureSpec(**spec, mean=mean.tolist(), std=std.tolist(), classes=sorted(classes))
+    tn = target[0].clamp(min=1)
+    t_mean = float(target[1] / tn)
+    t_std = float((target[2] / tn - t_mean * t_mean).clamp(min=0).sqrt()) or 1.0
+    if target[0] == 0:
+        raise TrainerError(f"label {label!r} has no value among the rows used for fitting")
     return FeatureSpec(
-        columns=cols,
-        widths=[m.shape[1] for m in mats],
-        mean=mean.tolist(),
-        std=std.tolist(),
-        classes=classes,
-        target_column=target_column,
+        **spec, mean=mean.tolist(), std=std.tolist(), target_mean=t_mean, target_std=t_std
     )
 
 
 def to_features(batch: dict, spec: FeatureSpec) -> torch.Tensor:
-    """The normalised float32 feature matrix of a batch; missing values become the mean (0)."""
-    parts = []
-    for name in spec.columns:
-        t = batch[name]
-        t = t.to(torch.float32)
-        parts.append(t.reshape(t.shape[0], -1))
-    x = torch.cat(parts, dim=1)
-    x = (x - torch.tensor(spec.mean, dtype=torch.float32)) / torch.tensor(
-        spec.std, dtype=torch.float32
-    )
-    return torch.nan_to_num(x, nan=0.0)
+    """The normalised float32 feature matrix: missing values at the mean, indicators beside."""
+    parts, start = [], 0
+    mean = torch.tensor(spec.mean, dtype=torch.float64)
+    std = torch.tensor(spec.std, dtype=torch.float64)
+    for col in spec.columns:
+        x, ok = _values(batch, col)
+        m, s = mean[start : start + col.width], std[start : start + col.width]
+        parts.append(torch.where(ok, (x - m) / s, 0.0))
+        if col.nullable:
+            parts.append(ok.all(dim=1, keepdim=True).to(torch.float64))
+        start += col.width
+    return torch.cat(parts, dim=1).to(torch.float32)
 
 
 def class_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class indices of the target and a mask of rows that have a known class."""
-    raw = batch[spec.target_column]
-    raw = raw.to(torch.int64) if isinstance(raw, torch.Tensor) else torch.tensor(raw)
-    valid = batch.get(spec.target_column + VALID_SUFFIX)
-    valid = valid if valid is not None else torch.ones_like(raw, dtype=torch.bool)
-    classes = torch.tensor(spec.classes, dtype=torch.int64)
-    idx = torch.searchsorted(classes, raw).clamp(max=len(classes) - 1)
-    return idx, valid & (classes[idx] == raw)
+    """Class indices of the label and a mask of rows whose label is a known class."""
+    raw, valid = labels(batch, spec.label)
+    lookup = {c: i for i, c in enumerate(spec.classes)}
+    values = raw if isinstance(raw, list) else raw.tolist()
+    idx = [lookup.get(v, -1) for v in values]
+    index = torch.tensor(idx, dtype=torch.int64)
+    return index.clamp(min=0), valid & (index >= 0)
+
+
+def regression_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The label standardised by the fitted mean and std, and a mask of rows that have one."""
+    raw, valid = labels(batch, spec.label)
+    y = raw.to(torch.float64)
+    y = torch.where(valid, (y - spec.target_mean) / spec.target_std, 0.0)
+    return y.to(torch.float32), valid
 
 
 def holdout_mask(ids: list[str], percent: int) -> torch.Tensor:
-    """Which items are held out: a pure function of the id's sha256, never of a seed or a hash()."""
-    if percent == 0:
+    """Which items are held out: a pure function of each id (a fixed 64-bit hash), never of a
+    seed, a position or Python's per-process ``hash()``; vectorised over the batch."""
+    if percent == 0 or not ids:
         return torch.zeros(len(ids), dtype=torch.bool)
-    return torch.tensor(
-        [int(sha256_bytes(i.encode())[:8], 16) % 100 < percent for i in ids], dtype=torch.bool
-    )
+    h = hash64(pa.array(ids, type=pa.string()))
+    return torch.from_numpy((h % np.uint64(100)).astype(np.int64) < percent)

@@ -1,19 +1,16 @@
-"""Train the reference classifier on one owner's disjoint share; pure torch, no Dagster.
+"""The reference trainer's loop: fit a small MLP on one owner's disjoint share; pure torch.
 
-The target is a result column (``lithi_label`` by default) and the features are every numeric
-column the manifest declares (see :mod:`pipeline.training.features`). Rows are filtered to
-accepted ones and weighted by confidence (both configurable) through masks rather than by
-dropping rows, so every DDP rank steps on every batch it has. With ``world_size > 1`` the model is
-wrapped in DDP and each epoch runs under ``Join``, because disjoint shards differ in size by one
-item and a rank that runs out early must not hang the others.
+It reads only through the loaders the pipeline hands it (``ctx.loader``), so every pass is
+tallied and reconciled by the pipeline, not here. Rows are masked rather than dropped — held
+out, not accepted, without a label — so every DDP rank steps on every batch it has; with
+``world_size > 1`` the model is wrapped in DDP and each epoch runs under ``Join``, because
+disjoint shares differ in size by one item and a rank that runs out early must not hang others.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -23,90 +20,44 @@ from torch import nn
 
 from pipeline.bundle import format as fmt
 from pipeline.readers.batches import accepted_mask, confidence_weights
-from pipeline.readers.index import Index
-from pipeline.readers.loader import make_loader, set_epoch
-from pipeline.readers.reconcile import (
-    ReconcileReport,
-    Tally,
-    reconcile,
-    reconcile_distributed,
-)
 from pipeline.training.features import (
     FeatureSpec,
+    Task,
+    check_label,
+    choose_features,
     class_targets,
     fit_spec,
     holdout_mask,
+    regression_targets,
     to_features,
 )
-from pipeline.training.model import Classifier
+from pipeline.training.model import MLP, save_checkpoint
+from pipeline.training.trainer import FitContext, FitResult
+
+CHECKPOINT = "model.pt"
 
 
-class TrainConfig(BaseModel):
-    """Hyperparameters and data choices of one training run; recorded beside the checkpoint."""
+class ReferenceConfig(BaseModel):
+    """The reference trainer's config: what to predict from what, and how hard to train."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    task: Task = Field(default="classification", description="classification or regression")
+    label: str = Field(default=fmt.LABEL_COLUMN, description="the target column")
+    features: list[str] = Field(default=[], description="the feature columns, in order")
+    auto_features: bool = Field(
+        default=False, description="use every numeric declared column instead (recorded)"
+    )
+    exclude: list[str] = Field(default=[], description="columns auto_features must not use")
     epochs: int = Field(default=12, ge=1)
     batch_size: int = Field(default=64, ge=1)
     learning_rate: float = Field(default=3e-3, gt=0)
     hidden: int = Field(default=128, ge=1)
     seed: int = 0
-    num_workers: int = Field(default=2, ge=0)
     reader: Literal["map", "iterable"] = "map"
-    accepted_only: bool = True
-    weight_by_confidence: bool = True
-    target_column: str = fmt.LABEL_COLUMN
-    feature_columns: list[str] | None = None
+    accepted_only: bool = Field(default=True, description="train on accepted rows only")
+    weight_by_confidence: bool = Field(default=True, description="weight rows by confidence")
     holdout_percent: int = Field(default=20, ge=0, lt=100)
-
-
-@dataclass
-class TrainOutcome:
-    """What a run produced: weights, the feature spec, metrics, and the reconciliation report."""
-
-    state_dict: dict[str, torch.Tensor]
-    spec: FeatureSpec
-    loss_curve: list[float]
-    metrics: dict[str, float]
-    report: ReconcileReport
-
-
-class TrainSummary(BaseModel):
-    """A finished, checkpointed run as plain data: the same for one rank in-process or torchrun."""
-
-    model_config = ConfigDict(frozen=True)
-
-    checkpoint_sha256: str
-    loss_curve: list[float]
-    metrics: dict[str, float]
-    reconciliation: ReconcileReport
-    spec: FeatureSpec
-    world_size: int
-
-    @classmethod
-    def of(cls, outcome: TrainOutcome, checkpoint_sha256: str, world_size: int) -> TrainSummary:
-        """Summarise ``outcome`` once its checkpoint is written."""
-        return cls(
-            checkpoint_sha256=checkpoint_sha256,
-            loss_curve=outcome.loss_curve,
-            metrics=outcome.metrics,
-            reconciliation=outcome.report,
-            spec=outcome.spec,
-            world_size=world_size,
-        )
-
-
-def _loader(index: Index, config: TrainConfig, rank: int, world_size: int, shuffle: bool):
-    return make_loader(
-        index,
-        style=config.reader,
-        batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        shuffle=shuffle,
-        seed=config.seed,
-        rank=rank,
-        world_size=world_size,
-    )
 
 
 def _all_sum(values: list[float], world_size: int) -> list[float]:
@@ -117,45 +68,70 @@ def _all_sum(values: list[float], world_size: int) -> list[float]:
     return t.tolist()
 
 
-def fit(
-    index: Index,
-    config: TrainConfig,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-    log: Callable[[str], None] = print,
-) -> TrainOutcome:
-    """Train on this rank's disjoint share; collective calls assume ``dist`` is initialised."""
+def _targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    if spec.task == "classification":
+        return class_targets(batch, spec)
+    return regression_targets(batch, spec)
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
+    if task == "classification":
+        return nn.functional.cross_entropy(out, y, reduction="none")
+    return nn.functional.mse_loss(out.squeeze(1), y, reduction="none")
+
+
+def fit_reference(ctx: FitContext) -> FitResult:
+    """Choose features, fit their normalisation, train, evaluate, and write the checkpoint."""
+    config: ReferenceConfig = ctx.config
+    index = ctx.index
+    check_label(index.schema, config.label, config.task)
+    fields, feature_set = choose_features(
+        index.schema,
+        id_field=index.id_field,
+        label=config.label,
+        features=config.features,
+        auto=config.auto_features,
+        exclude=config.exclude,
+    )
+    if config.auto_features:
+        ctx.log(f"auto_features chose {feature_set.used}; left out {feature_set.dropped}")
+    has_status = index.is_result
     torch.manual_seed(config.seed)
-    spec = fit_spec(index, config.target_column, config.feature_columns)
-    model = Classifier(spec.dim, config.hidden, len(spec.classes))
+    loader = ctx.loader(
+        style=config.reader, batch_size=config.batch_size, shuffle=True, seed=config.seed
+    )
+    spec = fit_spec(
+        loader,
+        fields,
+        task=config.task,
+        label=config.label,
+        has_status=has_status,
+        world_size=ctx.world_size,
+    )
+    model = MLP(spec.dim, config.hidden, spec.outputs)
     net: nn.Module = model
-    if world_size > 1:
+    if ctx.world_size > 1:
         net = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(net.parameters(), lr=config.learning_rate)
-    loader = _loader(index, config, rank, world_size, shuffle=True)
     curve: list[float] = []
-    report: ReconcileReport | None = None
     for epoch in range(config.epochs):
-        set_epoch(loader, epoch)
-        tally = Tally(index.id_field, label=f"rank {rank}")
+        loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
         loss_sum, weight_sum = 0.0, 0.0
         join = (
-            torch.distributed.algorithms.Join([net]) if world_size > 1 else contextlib.nullcontext()
+            torch.distributed.algorithms.Join([net])
+            if ctx.world_size > 1
+            else contextlib.nullcontext()
         )
         with join:
             for batch in loader:
-                tally.update(batch)
-                ids = batch[index.id_field]
-                y, has_y = class_targets(batch, spec)
-                keep = has_y & ~holdout_mask(ids, config.holdout_percent)
-                if config.accepted_only:
+                y, has_y = _targets(batch, spec)
+                keep = has_y & ~holdout_mask(batch[index.id_field], config.holdout_percent)
+                if config.accepted_only and has_status:
                     keep &= accepted_mask(batch)
                 w = keep.to(torch.float32)
-                if config.weight_by_confidence:
+                if config.weight_by_confidence and has_status:
                     w = w * confidence_weights(batch)
-                logits = net(to_features(batch, spec))
-                per_row = nn.functional.cross_entropy(logits, y, reduction="none")
+                per_row = _loss(net(to_features(batch, spec)), y, config.task)
                 # Every rank steps on every batch it has, even one with no kept row, so DDP's
                 # gradient all-reduce always has all non-joined ranks.
                 loss = (per_row * w).sum() / w.sum().clamp(min=1e-8)
@@ -164,59 +140,58 @@ def fit(
                 opt.step()
                 loss_sum += float((per_row * w).sum().detach())
                 weight_sum += float(w.sum())
-        total_loss, total_w = _all_sum([loss_sum, weight_sum], world_size)
+        total_loss, total_w = _all_sum([loss_sum, weight_sum], ctx.world_size)
         curve.append(total_loss / max(total_w, 1e-8))
-        if world_size > 1:
-            report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
-        else:
-            report = reconcile(index.manifest, [tally.counts], ids=index.ids)
-        if rank == 0:
-            log(
-                f"epoch {epoch + 1}/{config.epochs}: loss {curve[-1]:.4f}, "
-                f"{report.items_iterated} items iterated"
-            )
-    metrics = evaluate_model(net, index, spec, config, rank, world_size)
-    if rank == 0:
-        log(
-            f"held-out accuracy {metrics['holdout_accuracy']:.4f} "
-            f"over {int(metrics['holdout_items'])} accepted items"
+        if ctx.rank == 0:
+            ctx.log(f"epoch {epoch + 1}/{config.epochs}: loss {curve[-1]:.4f}")
+    metrics = evaluate_model(model, ctx, spec, config)
+    if ctx.rank == 0:
+        ctx.log(", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+        save_checkpoint(
+            ctx.output_dir / CHECKPOINT,
+            state_dict={k: v.detach().clone() for k, v in model.state_dict().items()},
+            spec=spec,
+            config=config.model_dump(),
+            hidden=config.hidden,
         )
-    assert report is not None
-    return TrainOutcome(
-        state_dict={k: v.detach().clone() for k, v in model.state_dict().items()},
-        spec=spec,
-        loss_curve=curve,
-        metrics=metrics,
-        report=report,
-    )
+    return FitResult(metrics=metrics, loss_curve=curve, features=feature_set)
 
 
 @torch.no_grad()
 def evaluate_model(
-    net: nn.Module, index: Index, spec: FeatureSpec, config: TrainConfig, rank: int, world_size: int
+    model: nn.Module, ctx: FitContext, spec: FeatureSpec, config: ReferenceConfig
 ) -> dict[str, float]:
-    """Accuracy against the Compute labels on held-out and training accepted rows."""
-    net.eval()
-    loader = _loader(
-        index, config.model_copy(update={"num_workers": 0}), rank, world_size, shuffle=False
-    )
-    hits = [0.0, 0.0, 0.0, 0.0]  # holdout correct, holdout n, train correct, train n
-    module = net.module if hasattr(net, "module") else net
+    """Held-out and training metrics on the accepted rows with a label, summed across ranks.
+
+    Classification: accuracy. Regression: RMSE and MAE in the label's own units.
+    """
+    model.eval()
+    index = ctx.index
+    loader = ctx.loader(style=config.reader, batch_size=1024, shuffle=False, num_workers=0)
+    # per split (held out, train): rows, then correct (classification) or squared, abs error
+    acc = [0.0] * 6
     for batch in loader:
-        y, has_y = class_targets(batch, spec)
-        ok = has_y & accepted_mask(batch)
+        y, has_y = _targets(batch, spec)
+        ok = has_y & (accepted_mask(batch) if index.is_result else True)
         hold = holdout_mask(batch[index.id_field], config.holdout_percent)
-        pred = module(to_features(batch, spec)).argmax(dim=1)
-        correct = (pred == y) & ok
-        hits[0] += float((correct & hold).sum())
-        hits[1] += float((ok & hold).sum())
-        hits[2] += float((correct & ~hold).sum())
-        hits[3] += float((ok & ~hold).sum())
-    hits = _all_sum(hits, world_size)
-    net.train()
-    return {
-        "holdout_accuracy": hits[0] / hits[1] if hits[1] else math.nan,
-        "holdout_items": hits[1],
-        "train_accuracy": hits[2] / hits[3] if hits[3] else math.nan,
-        "train_items": hits[3],
-    }
+        out = model(to_features(batch, spec))
+        for k, part in enumerate((ok & hold, ok & ~hold)):
+            acc[3 * k] += float(part.sum())
+            if spec.task == "classification":
+                acc[3 * k + 1] += float(((out.argmax(1) == y) & part).sum())
+            else:
+                err = (out.squeeze(1) - y) * spec.target_std
+                acc[3 * k + 1] += float((err * err)[part].sum())
+                acc[3 * k + 2] += float(err.abs()[part].sum())
+    acc = _all_sum(acc, ctx.world_size)
+    model.train()
+    out: dict[str, float] = {}
+    for k, name in enumerate(("holdout", "train")):
+        n = acc[3 * k]
+        out[f"{name}_items"] = n
+        if spec.task == "classification":
+            out[f"{name}_accuracy"] = acc[3 * k + 1] / n if n else math.nan
+        else:
+            out[f"{name}_rmse"] = math.sqrt(acc[3 * k + 1] / n) if n else math.nan
+            out[f"{name}_mae"] = acc[3 * k + 2] / n if n else math.nan
+    return out

@@ -15,25 +15,24 @@ import torch
 from torch import nn
 
 from pipeline.bundle.atomic import atomic_write_bytes
-from pipeline.bundle.digest import sha256_file
 from pipeline.training.features import FeatureSpec
 
 
-class Classifier(nn.Module):
-    """A small MLP: enough to learn the Compute labels, small enough to train in seconds."""
+class MLP(nn.Module):
+    """A small multilayer perceptron: class logits, or one regressed value."""
 
-    def __init__(self, dim: int, hidden: int, classes: int) -> None:
+    def __init__(self, dim: int, hidden: int, outputs: int) -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
             nn.ReLU(),
             nn.Linear(hidden, hidden),
             nn.ReLU(),
-            nn.Linear(hidden, classes),
+            nn.Linear(hidden, outputs),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for each class."""
+        """Logits for each class (classification) or the standardised value (regression)."""
         return self.net(x)
 
 
@@ -44,22 +43,21 @@ def save_checkpoint(
     spec: FeatureSpec,
     config: dict[str, Any],
     hidden: int,
-) -> str:
-    """Write the weights, feature spec and config atomically; return the file's sha256."""
+) -> None:
+    """Write the weights, feature spec and config atomically, never over an existing file."""
     buf = io.BytesIO()
     torch.save(
         {"state_dict": state_dict, "spec": spec.model_dump(), "config": config, "hidden": hidden},
         buf,
     )
     atomic_write_bytes(path, buf.getvalue(), replace=False)
-    return sha256_file(path)
 
 
-def load_checkpoint(path: str | os.PathLike) -> tuple[Classifier, FeatureSpec]:
+def load_checkpoint(path: str | os.PathLike) -> tuple[MLP, FeatureSpec]:
     """Load a checkpoint with ``weights_only=True``: tensors and plain data, never pickled code."""
     ckpt = torch.load(Path(path), weights_only=True)
     spec = FeatureSpec.model_validate(ckpt["spec"])
-    model = Classifier(spec.dim, int(ckpt["hidden"]), len(spec.classes))
+    model = MLP(spec.dim, int(ckpt["hidden"]), spec.outputs)
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     return model, spec

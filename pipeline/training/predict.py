@@ -1,4 +1,4 @@
-"""Predict every item of an index with a checkpoint: one row per item, keyed by the same id.
+"""The reference trainer's predictions: one row per item, keyed by the same id.
 
 Failed and abstained items are predicted too, so the table accounts for the whole manifest;
 their ``lithi_status`` travels beside the prediction so a reader can tell them apart.
@@ -6,58 +6,54 @@ their ``lithi_status`` travels beside the prediction so a reader can tell them a
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 import torch
 
 from pipeline.bundle import format as fmt
-from pipeline.bundle.digest import sha256_file
-from pipeline.readers.index import Index
-from pipeline.readers.loader import make_loader
 from pipeline.training.features import to_features
+from pipeline.training.fit import CHECKPOINT
 from pipeline.training.model import load_checkpoint
+from pipeline.training.trainer import PredictContext
 
 
 @torch.no_grad()
-def predict(
-    index: Index,
-    checkpoint: str | os.PathLike,
-    *,
-    checkpoint_sha256: str | None = None,
-    batch_size: int = 1024,
-) -> pa.Table:
-    """One row per index item, failed and abstained too, keyed by the same string id.
+def predict_reference(ctx: PredictContext, *, batch_size: int = 1024) -> pa.Table:
+    """Predict every item of ``ctx.index`` with the checkpoint in ``ctx.checkpoint_dir``.
 
-    Each row carries the checkpoint's digest: ``checkpoint_sha256`` when the caller has checked
-    it already, else computed here.
+    Classification gives the class and its probability (``score``); regression gives the value.
     """
-    model, spec = load_checkpoint(checkpoint)
-    digest = checkpoint_sha256 or sha256_file(checkpoint)
-    loader = make_loader(
-        index, style="map", batch_size=batch_size, num_workers=0, shuffle=False, rank=0,
-        world_size=1,
-    )  # fmt: skip
-    ids: list[str] = []
+    model, spec = load_checkpoint(ctx.checkpoint_dir / CHECKPOINT)
+    index = ctx.index
+    loader = ctx.loader(style="map", batch_size=batch_size, shuffle=False, num_workers=0)
+    ids: list[pa.Array] = []
     preds: list[np.ndarray] = []
     scores: list[np.ndarray] = []
-    statuses: list[str] = []
-    classes = torch.tensor(spec.classes)
+    statuses: list[pa.Array] = []
     for batch in loader:
-        prob = torch.softmax(model(to_features(batch, spec)), dim=1)
-        score, k = prob.max(dim=1)
-        ids += batch[index.id_field]
-        statuses += batch[fmt.STATUS_COLUMN]
-        preds.append(classes[k].numpy())
-        scores.append(score.numpy().astype(np.float32))
-    n = len(ids)
-    return pa.table(
-        {
-            index.id_field: pa.array(ids, pa.string()),
-            "prediction": pa.array(np.concatenate(preds) if preds else [], pa.int64()),
-            "score": pa.array(np.concatenate(scores) if scores else [], pa.float32()),
-            fmt.STATUS_COLUMN: pa.array(statuses, pa.string()),
-            "checkpoint_sha256": pa.array([digest] * n, pa.string()),
-        }
-    )
+        out = model(to_features(batch, spec))
+        ids.append(pa.array(batch[index.id_field], pa.string()))
+        if index.is_result:
+            statuses.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
+        if spec.task == "classification":
+            prob = torch.softmax(out, dim=1)
+            score, k = prob.max(dim=1)
+            preds.append(k.numpy())
+            scores.append(score.numpy().astype(np.float32))
+        else:
+            value = out.squeeze(1).double() * spec.target_std + spec.target_mean
+            preds.append(value.numpy())
+    n = sum(len(a) for a in ids)
+    columns: dict[str, pa.Array] = {
+        index.id_field: pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+    }
+    if spec.task == "classification":
+        k = np.concatenate(preds) if preds else np.zeros(0, np.int64)
+        columns["prediction"] = pa.array([spec.classes[i] for i in k.tolist()])
+        columns["score"] = pa.array(np.concatenate(scores) if scores else [], pa.float32())
+    else:
+        columns["prediction"] = pa.array(np.concatenate(preds) if preds else [], pa.float64())
+    if index.is_result:
+        columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
+    columns["checkpoint_sha256"] = pa.array([ctx.checkpoint_sha256] * n, pa.string())
+    return pa.table(columns)

@@ -19,26 +19,31 @@ from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.manifest import SnapshotId
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import ReconcileReport
+from pipeline.training.runner import CheckpointFiles
+from pipeline.training.trainer import FeatureSet, TrainerInfo
 
 RECORD_NAME = "record.json"
+CHECKPOINT_DIR = "checkpoint"
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class TrainingRecord(BaseModel):
-    """The experiment record beside the checkpoint: data identity, config, outcome."""
+    """The experiment record beside the checkpoint: data identity, code, config, outcome."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     snapshot: SnapshotId
     index_sha256: str
+    trainer: TrainerInfo
     config: dict[str, Any]
+    features: FeatureSet
     world_size: int
-    checkpoint_file: str
-    checkpoint_sha256: str
+    checkpoint: CheckpointFiles
     metrics: dict[str, float]
     loss_curve: list[float]
     reconciliation: ReconcileReport
+    passes: int
 
 
 class OutputRecord(BaseModel):
@@ -71,18 +76,18 @@ def read_record(path: str | os.PathLike, kind: type[M] = TrainingRecord) -> M:  
 
 @dataclass(frozen=True, eq=False)
 class TrainedModel:
-    """What a training run hands on: its checkpoint directory, its record, and the index it read."""
+    """What a training run hands on: its folder (checkpoint and record), and the index it read."""
 
     index: Index
     directory: Path
     record: TrainingRecord
 
     @property
-    def checkpoint(self) -> Path:
-        """The checkpoint file."""
-        return self.directory / self.record.checkpoint_file
+    def checkpoint_dir(self) -> Path:
+        """The files the trainer wrote: exactly what ``record.checkpoint`` hashes."""
+        return self.directory / CHECKPOINT_DIR
 
     @property
     def record_path(self) -> Path:
-        """``record.json`` beside the checkpoint."""
+        """``record.json`` beside the checkpoint directory."""
         return self.directory / RECORD_NAME

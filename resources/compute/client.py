@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from datetime import UTC, datetime
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -86,7 +86,16 @@ class JobStatus(BaseModel):
 
 
 class ComputeClient(abc.ABC):
-    """What the pipeline may ask of Compute: submit, watch, resubmit outstanding items, locate."""
+    """What the pipeline may ask of Compute: submit, watch, resubmit outstanding items, locate.
+
+    Implement it to plug in your own Compute service and select it by import path
+    (``LITHI_COMPUTE=my_pkg.compute:MyClient``): the class is constructed with no arguments, so
+    it reads its own endpoint and credential references (never a secret in configuration).
+    """
+
+    #: Whether :meth:`resubmit` can run a PARTIAL version's outstanding items (the sensor asks
+    #: for nothing it cannot do).
+    can_resubmit: ClassVar[bool] = True
 
     @abc.abstractmethod
     def submit(self, spec: JobSpec) -> str:

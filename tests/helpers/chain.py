@@ -34,7 +34,9 @@ CHAIN_EDGES = [
     ("training_run", "output_bundle"),
 ]
 
-FAST_TRAINING = dg.RunConfig(ops={"training_run": TrainingConfig(epochs=3)})
+#: What chain tests train: the sample's numeric columns, chosen automatically (and recorded),
+#: for a few epochs.
+FAST_TRAINING = dg.RunConfig(ops={"training_run": TrainingConfig(epochs=3, auto_features=True)})
 
 
 def chain_resources(

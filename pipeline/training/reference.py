@@ -1,0 +1,39 @@
+"""The reference trainer: the project's own :class:`~pipeline.training.Trainer`, a small MLP.
+
+It is one implementation of the interface any user trainer implements, chosen by default
+(``pipeline.training.reference:ReferenceTrainer``). Classification or regression, an explicit
+label and feature list (or ``auto_features`` when asked, with what it chose and left out in the
+record), rows weighted by ``lithi_confidence`` and filtered to accepted ones, nulls masked.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pyarrow as pa
+
+from pipeline.training.fit import ReferenceConfig, fit_reference
+from pipeline.training.predict import predict_reference
+from pipeline.training.trainer import FitContext, FitResult, PredictContext, Trainer
+
+
+def _project_version() -> str | None:
+    try:
+        return importlib.metadata.version("lithi-train")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class ReferenceTrainer(Trainer):
+    """The reference MLP trainer (see :class:`~pipeline.training.fit.ReferenceConfig`)."""
+
+    Config = ReferenceConfig
+    version = _project_version()
+
+    def fit(self, ctx: FitContext) -> FitResult:
+        """Train the MLP and write ``model.pt`` (:func:`~pipeline.training.fit.fit_reference`)."""
+        return fit_reference(ctx)
+
+    def predict(self, ctx: PredictContext) -> pa.Table:
+        """Predict every item; see :func:`~pipeline.training.predict.predict_reference`."""
+        return predict_reference(ctx)

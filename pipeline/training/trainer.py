@@ -1,0 +1,266 @@
+"""The trainer interface: your own training code, run by the pipeline over a verified index.
+
+A trainer is a class with ``fit`` and ``predict`` (subclass :class:`Trainer`), chosen by import
+path (``my_pkg.train:MyTrainer``). The pipeline owns everything around it, so no trainer can get
+it wrong: it verifies the data and builds the :class:`~pipeline.readers.Index`, decides the
+owner's rank and world size, hands ``fit`` a loader factory whose every pass is tallied, hashes
+the files ``fit`` wrote as the checkpoint, writes the record (snapshot identity, index digest,
+trainer path and version, config, declared features), reconciles what the readers yielded
+against the manifest, checks that ``predict`` returned one row per item, and stages the
+predictions. The same class runs in-process (``world_size`` 1) and on every ``torchrun`` rank.
+
+A minimal trainer::
+
+    class MyTrainer(Trainer):
+        class Config(pydantic.BaseModel):     # optional: becomes the Dagster run config
+            epochs: int = 3
+
+        def fit(self, ctx: FitContext) -> FitResult:
+            loader = ctx.loader(batch_size=256)   # this rank's disjoint share
+            for epoch in range(ctx.config.epochs):
+                loader.set_epoch(epoch)
+                for batch in loader: ...          # dict batches, ids as str
+            torch.save(model.state_dict(), ctx.output_dir / "model.pt")
+            return FitResult(metrics={...}, features=FeatureSet(used=["x"]))
+
+        def predict(self, ctx: PredictContext) -> pa.Table:
+            ...                                   # one row per item, keyed by ctx.index.id_field
+
+Nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pipeline.readers.index import Index
+from pipeline.readers.loader import make_loader, set_epoch
+from pipeline.readers.reconcile import OwnerCounts, Tally
+
+#: The trainer the pipeline uses unless ``LITHI_TRAINER`` or the run config names another.
+REFERENCE_TRAINER = "pipeline.training.reference:ReferenceTrainer"
+
+
+class TrainerError(ValueError):
+    """A trainer cannot be loaded, is not a :class:`Trainer`, or refuses its config or data."""
+
+
+class FeatureSet(BaseModel):
+    """The features a trainer declares it used, and the columns it left out with the reason."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    used: list[str]
+    dropped: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What ``fit`` reports back: metrics, a loss curve if it has one, the features it used."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    loss_curve: list[float] = field(default_factory=list)
+    features: FeatureSet = field(default_factory=lambda: FeatureSet(used=[]))
+
+
+@dataclass
+class PassLog:
+    """Every pass a trainer made over its loaders: the last complete one's counts, and totals."""
+
+    started: int = 0
+    completed: int = 0
+    last: OwnerCounts | None = None
+
+
+class TalliedLoader:
+    """A loader from :func:`~pipeline.readers.make_loader` whose every full pass is counted.
+
+    Iterating it yields the loader's batches unchanged; a pass that runs to the end is recorded
+    for the pipeline's reconciliation, so a trainer never counts anything itself.
+    """
+
+    def __init__(self, loader: Any, id_field: str, log: PassLog, label: str) -> None:
+        self.loader = loader
+        self._id_field = id_field
+        self._log = log
+        self._label = label
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's order (ownership never changes with it)."""
+        set_epoch(self.loader, epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[dict]:
+        tally = Tally(self._id_field, label=self._label)
+        self._log.started += 1
+        for batch in self.loader:
+            tally.update(batch)
+            yield batch
+        self._log.completed += 1
+        self._log.last = tally.counts
+
+
+class _Context:
+    """What every trainer call gets: the verified index, its config, a log, readers."""
+
+    def __init__(
+        self,
+        *,
+        index: Index,
+        config: Any,
+        rank: int,
+        world_size: int,
+        num_workers: int,
+        log: Callable[[str], None],
+    ) -> None:
+        self.index = index
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.num_workers = num_workers
+        self.log = log
+        self.passes = PassLog()
+
+    def loader(
+        self,
+        *,
+        style: Literal["map", "iterable"] = "map",
+        batch_size: int = 256,
+        shuffle: bool = True,
+        seed: int = 0,
+        columns: list[str] | None = None,
+        num_workers: int | None = None,
+    ) -> TalliedLoader:
+        """A DataLoader over this owner's disjoint share of the index, each pass counted.
+
+        ``num_workers`` defaults to the pipeline's setting (``LITHI_NUM_WORKERS``). Every item
+        of the index reaches exactly one rank; a full pass over every rank's loader covers
+        the manifest's items exactly once, which is what the pipeline checks afterwards.
+        """
+        inner = make_loader(
+            self.index,
+            style=style,
+            batch_size=batch_size,
+            num_workers=self.num_workers if num_workers is None else num_workers,
+            columns=columns,
+            shuffle=shuffle,
+            seed=seed,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        return TalliedLoader(inner, self.index.id_field, self.passes, f"rank {self.rank}")
+
+
+class FitContext(_Context):
+    """``fit``'s arguments: index, rank and world size, config, output directory, log, loader.
+
+    Write the checkpoint into :attr:`output_dir` (rank 0 writes; under torchrun every rank
+    gets the same directory). Everything found there after ``fit`` returns is the checkpoint:
+    the pipeline hashes it, records it, and hands it to ``predict``.
+    """
+
+    def __init__(self, *, output_dir: Path, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.output_dir = Path(output_dir)
+
+
+class PredictContext(_Context):
+    """``predict``'s arguments: the index, the config, the checkpoint directory and its digest."""
+
+    def __init__(self, *, checkpoint_dir: Path, checkpoint_sha256: str, **kw: Any) -> None:
+        super().__init__(rank=0, world_size=1, **kw)
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.checkpoint_sha256 = checkpoint_sha256
+
+
+class Trainer(abc.ABC):
+    """Subclass this, implement :meth:`fit` and :meth:`predict`; set ``Config`` to type your
+    config (a pydantic model: the pipeline validates the run config with it, and Dagster shows
+    its fields), and ``version`` to say which version of your code trained a checkpoint."""
+
+    Config: ClassVar[type[BaseModel] | None] = None
+    version: ClassVar[str | None] = None
+
+    @abc.abstractmethod
+    def fit(self, ctx: FitContext) -> FitResult:
+        """Train on ``ctx.loader(...)`` batches and write the checkpoint into ``ctx.output_dir``."""
+
+    @abc.abstractmethod
+    def predict(self, ctx: PredictContext) -> pa.Table:
+        """Return one row per item of ``ctx.index``, keyed by its string id column."""
+
+    def parse_config(self, config: Mapping[str, Any] | BaseModel | None) -> Any:
+        """The config as ``fit``/``predict`` receive it: a ``Config`` instance, or a dict."""
+        data = config.model_dump() if isinstance(config, BaseModel) else dict(config or {})
+        if self.Config is None:
+            return data
+        try:
+            return self.Config.model_validate(data)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in err['loc']) or '<config>'}: {err['msg']}"
+                for err in e.errors()
+            )
+            raise TrainerError(f"{type(self).__name__} config: {problems}") from None
+
+
+class TrainerInfo(BaseModel):
+    """Which code trained a checkpoint: import path, declared version, source digest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    version: str | None = None
+    source_sha256: str | None = None
+
+
+def load_trainer(path: str) -> Trainer:
+    """Import ``package.module:Name`` and return a :class:`Trainer` instance.
+
+    ``Name`` is a :class:`Trainer` subclass (instantiated with no arguments) or an instance.
+    Every failure is one :class:`TrainerError` line naming the path and what is wrong.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise TrainerError(f"trainer {path!r}: expected 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TrainerError(f"trainer {path!r}: cannot import {module_name!r} ({e})") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise TrainerError(f"trainer {path!r}: module {module_name!r} has no {attr!r}")
+    if inspect.isclass(obj) and issubclass(obj, Trainer):
+        return obj()
+    if isinstance(obj, Trainer):
+        return obj
+    raise TrainerError(
+        f"trainer {path!r}: {attr!r} is {type(obj).__name__}, not a subclass of "
+        "pipeline.training.Trainer (implement fit and predict)"
+    )
+
+
+def trainer_info(path: str, trainer: Trainer) -> TrainerInfo:
+    """The record entry for ``trainer`` loaded from ``path``."""
+    version = type(trainer).version
+    if version is None:  # the version of the distribution that ships the trainer's package
+        top = path.partition(":")[0].split(".")[0]
+        for dist in importlib.metadata.packages_distributions().get(top, []):
+            version = importlib.metadata.version(dist)
+            break
+    source = inspect.getsourcefile(type(trainer))
+    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest() if source else None
+    return TrainerInfo(path=path, version=version, source_sha256=digest)

@@ -1,0 +1,59 @@
+"""LITHI_COMPUTE: the chain and the sensor talk to any ComputeClient chosen by import path."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from pipeline.defs.definitions import build_definitions
+from pipeline.defs.jobs import CHAIN_JOB_NAME
+from pipeline.defs.sensor import SENSOR_NAME
+from resources.compute.client import ComputeError
+from resources.dagster_resources import ComputeResource
+from resources.settings import LithiEnv
+from tests.helpers import custom_compute
+
+CLIENT = "tests.helpers.custom_compute:StudioCompute"
+
+
+def test_the_chain_and_the_sensor_use_the_client_named_by_import_path(
+    tmp_path, labelled_samples, monkeypatch
+):
+    monkeypatch.setenv(custom_compute.ENDPOINT, str(labelled_samples.compute_root))
+    job = labelled_samples.jobs["wine"]
+    env = LithiEnv(
+        home=tmp_path / "home",
+        compute=CLIENT,
+        job_id=job,
+        trainer_config='{"auto_features": true, "epochs": 2}',
+        num_workers=0,
+    )
+    defs = build_definitions(env)
+    custom_compute.CALLS.clear()
+    with dg.instance_for_test() as instance:
+        sensor = defs.resolve_sensor_def(SENSOR_NAME)
+        with dg.build_sensor_context(
+            instance=instance, definitions=defs, resources=defs.resources
+        ) as ctx:
+            tick = sensor.evaluate_tick(ctx)
+        (request,) = tick.run_requests
+        result = defs.resolve_job_def(CHAIN_JOB_NAME).execute_in_process(
+            instance=instance, run_config=request.run_config, tags=request.tags
+        )
+    assert result.success
+    assert custom_compute.CALLS[:2] == [f"status {job}", f"status {job}"]  # sensor, then chain
+    assert not (tmp_path / "home" / "compute").exists()  # the local default was never used
+
+
+@pytest.mark.parametrize(
+    ("service", "message"),
+    [
+        ("tests.helpers.nowhere:X", "cannot import 'tests.helpers.nowhere'"),
+        ("tests.helpers.custom_compute:NotAClient", "naming a subclass of"),
+        ("tests.helpers.custom_compute:Missing", "naming a subclass of"),
+    ],
+)
+def test_a_bad_client_path_is_one_line_naming_it(service, message):
+    with pytest.raises(ComputeError, match=message) as e:
+        ComputeResource(service=service).client()
+    assert str(e.value).startswith(f"Compute client {service!r}") and "\n" not in str(e.value)
