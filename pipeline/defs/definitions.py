@@ -80,6 +80,9 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
         schedules=[chain_schedule(env.chain_cron)],
         sensors=[compute_partial_sensor],
         resources={**resources_from(env), **resource_overrides},
+        # A linear chain gains nothing from a process per step, and pays a fresh interpreter
+        # (torch, Dagster) for each: every job, the CLI's implicit one too, runs in-process.
+        executor=dg.in_process_executor,
     )
 
 
