@@ -158,3 +158,32 @@ def test_bundle_url_and_a_compute_service_are_exclusive(monkeypatch, tmp_path):
     monkeypatch.setenv("LITHI_COMPUTE", "my_pkg.compute:Client")
     with pytest.raises(SettingsError, match="set only one of them"):
         LithiEnv.load()
+
+
+def test_a_bundle_url_behind_a_credential_reference(tmp_path, published, monkeypatch):
+    """A remote store (the token-checking fake of tests/helpers/fake_remote.py) read through a
+    registered credential reference, the way an s3:// URL is."""
+    from tests.helpers import fake_remote
+
+    monkeypatch.setenv("STUDIO_STORE_TOKEN", "t0ken-for-the-test")
+    fake_remote.serve(published.parent.parent, "t0ken-for-the-test")
+    try:
+        url = f"{fake_remote.PROTOCOL}://published/wine-v1"
+        _newer_version(published, "wine-v2")
+        env = _env(
+            tmp_path,
+            url,
+            credential_refs="lab=STUDIO_STORE_TOKEN",
+            credential_ref="lab",
+        )
+        defs = build_definitions(env)
+        with dg.instance_for_test() as instance:
+            result = defs.resolve_job_def(CHAIN_JOB_NAME).execute_in_process(instance=instance)
+        assert result.success
+        manifest = result.asset_materializations_for_node("result_manifest")[0].metadata
+        assert manifest["manifest_url"].value == f"{fake_remote.PROTOCOL}://published/wine-v2"
+        assert any(
+            p.startswith("published/wine-v2/parts/") for p in fake_remote.SecureFakeFS.opened
+        )
+    finally:
+        fake_remote.stop()
