@@ -1,17 +1,26 @@
 """The chain's assets, one module per link: each calls the reader core and returns metadata."""
 
 from assets._group import CHAIN_GROUP
-from assets.disjoint_index import disjoint_index
+from assets.compute_result_versions import compute_result_versions
+from assets.disjoint_index import disjoint_index, index_disjoint_and_covering
 from assets.output_bundle import output_bundle, output_bundle_verifies
-from assets.prediction_table import prediction_table
+from assets.prediction_table import one_row_per_item, prediction_table
 from assets.result_manifest import result_manifest
-from assets.training_run import training_run, training_run_asset
-from assets.verified_snapshot import verified_snapshot
+from assets.training_run import iterated_counts_reconcile, training_run, training_run_asset
+from assets.verified_snapshot import manifest_binds_every_file, verified_snapshot
 
-#: Checks that run on their own (the inline, blocking ones are part of their asset).
-CHAIN_CHECKS = [output_bundle_verifies]
+#: The checks that can run on their own (in a chain run they follow their asset; the blocking
+#: ones stop what is downstream). result_manifest_complete is inline: it judges the run config.
+CHAIN_CHECKS = [
+    manifest_binds_every_file,
+    index_disjoint_and_covering,
+    iterated_counts_reconcile,
+    one_row_per_item,
+    output_bundle_verifies,
+]
 
 CHAIN_ASSETS = [
+    compute_result_versions,
     result_manifest,
     verified_snapshot,
     disjoint_index,
@@ -35,6 +44,7 @@ __all__ = [
     "CHAIN_CHECKS",
     "CHAIN_GROUP",
     "chain_assets",
+    "compute_result_versions",
     "disjoint_index",
     "output_bundle",
     "output_bundle_verifies",

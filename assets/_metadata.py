@@ -8,11 +8,16 @@ from pipeline.bundle.manifest import Manifest, Schema, SnapshotId
 from pipeline.training.trainer import FeatureSet
 
 
+def digest(sha256: str) -> dg.MetadataValue:
+    """A 64-hex digest as a text value (full; the UI's copy button gives the whole string)."""
+    return dg.MetadataValue.text(sha256)
+
+
 def identity(prefix: str, snap: SnapshotId) -> dict[str, dg.MetadataValue]:
     """``<prefix>/version_id`` and ``<prefix>/content_sha256`` for one bundle identity."""
     return {
         f"{prefix}/version_id": dg.MetadataValue.text(snap.version_id),
-        f"{prefix}/content_sha256": dg.MetadataValue.text(snap.content_sha256),
+        f"{prefix}/content_sha256": digest(snap.content_sha256),
     }
 
 

@@ -12,27 +12,16 @@ from pipeline.training.record import TrainedModel
 from pipeline.training.trainer import PredictContext, TrainerError, load_trainer
 from resources.settings import ChainSettings
 
-ONE_ROW_PER_ITEM = "one_row_per_item"
-
 
 @dg.asset(
     group_name=CHAIN_GROUP,
     io_manager_key=IO_MANAGER_KEY,
     kinds={"pytorch", "parquet"},
     code_version="3",
-    check_specs=[
-        dg.AssetCheckSpec(
-            ONE_ROW_PER_ITEM,
-            asset="prediction_table",
-            blocking=True,
-            description="Exactly one row per index item, keyed by the same string id: no "
-            "duplicates, none missing, none extra (each named when it fails).",
-        )
-    ],
 )
 def prediction_table(
     context: dg.AssetExecutionContext, training_run: TrainedModel, chain_settings: ChainSettings
-):
+) -> dg.Output[pa.Table]:
     """Predictions for every item of the index — failed and abstained items included — made by
     the trainer that wrote the checkpoint, with its own config, keyed by the same string id."""
     index = training_run.index
@@ -57,16 +46,6 @@ def prediction_table(
             f"{record.trainer.path}.predict returned columns {table.column_names}: no id column "
             f"{index.id_field!r}, so no row can be matched to an item"
         )
-    coverage = keyed_coverage(index.ids, table.column(index.id_field).cast(pa.string()))
-    yield dg.AssetCheckResult(
-        check_name=ONE_ROW_PER_ITEM,
-        passed=coverage.ok,
-        metadata={
-            "rows": coverage.rows,
-            "items": coverage.items,
-            "problems": "\n".join(coverage.problems()) or "none",
-        },
-    )
     meta = {
         "dagster/row_count": table.num_rows,
         "dagster/column_schema": md.column_schema(Schema.from_arrow(table.schema), index.id_field),
@@ -76,4 +55,25 @@ def prediction_table(
     if fmt.STATUS_COLUMN in table.column_names:
         by_status, _ = fmt.count_statuses(table.column(fmt.STATUS_COLUMN))
         meta.update({f"rows_{k}": v for k, v in by_status.items()})
-    yield dg.Output(table, metadata=meta)
+    return dg.Output(table, metadata=meta)
+
+
+@dg.asset_check(
+    asset=prediction_table,
+    additional_ins={"training_run": dg.AssetIn("training_run")},
+    blocking=True,
+    description="Exactly one row per index item, keyed by the same string id: no duplicates, "
+    "none missing, none extra (each named when it fails).",
+)
+def one_row_per_item(prediction_table: pa.Table, training_run: TrainedModel) -> dg.AssetCheckResult:
+    """Match the table's id column against the training index."""
+    index = training_run.index
+    coverage = keyed_coverage(index.ids, prediction_table.column(index.id_field).cast(pa.string()))
+    return dg.AssetCheckResult(
+        passed=coverage.ok,
+        metadata={
+            "rows": coverage.rows,
+            "items": coverage.items,
+            "problems": "\n".join(coverage.problems()) or "none",
+        },
+    )

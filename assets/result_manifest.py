@@ -4,7 +4,7 @@ import dagster as dg
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
-from resources.bundle_store import SourceBundle
+from assets.compute_result_versions import compute_result_versions
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
@@ -18,11 +18,24 @@ class ResultManifestConfig(dg.Config):
     allow_partial: bool = False
 
 
+COMPLETE = "result_manifest_complete"
+
+
 @dg.asset(
     group_name=CHAIN_GROUP,
     io_manager_key=IO_MANAGER_KEY,
     kinds={"python", "json"},
-    code_version="2",
+    code_version="3",
+    deps=[compute_result_versions],
+    check_specs=[
+        dg.AssetCheckSpec(
+            COMPLETE,
+            asset="result_manifest",
+            blocking=True,
+            description="The version is complete (not PARTIAL), or the run allowed training on "
+            "a PARTIAL version's accepted parts; a PARTIAL version is recorded, and stops here.",
+        )
+    ],
 )
 def result_manifest(
     context: dg.AssetExecutionContext,
@@ -30,9 +43,10 @@ def result_manifest(
     compute: ComputeResource,
     bundle_store: BundleStoreResource,
     chain_settings: ChainSettings,
-) -> dg.Output[SourceBundle]:
+):
     """The Compute job's ``result-manifest.json``, read first: it binds every file, count and
-    schema of the bundle. A PARTIAL result is refused unless ``allow_partial`` is set."""
+    schema of the bundle. A PARTIAL version is recorded too; its blocking check stops the chain
+    there unless ``allow_partial`` is set."""
     try:
         client = compute.client()
         job_id = config.job_id or chain_settings.resolve_job(client)
@@ -47,13 +61,25 @@ def result_manifest(
         raise dg.Failure(str(e)) from None
     source = bundle_store.store().source(url, credential_ref=chain_settings.credential_ref or None)
     manifest = source.manifest
-    if manifest.is_partial and not config.allow_partial:
-        raise dg.Failure(
-            f"{url}: {job_id} version {version} is PARTIAL with {manifest.counts.outstanding} "
-            "items outstanding, so nothing is trained; the sensor resubmits them where a Compute "
-            "service can. Set allow_partial to train on the accepted parts anyway.",
-            metadata={"outstanding": manifest.counts.outstanding},
-        )
+    complete = not manifest.is_partial or config.allow_partial
+    yield dg.AssetCheckResult(
+        check_name=COMPLETE,
+        passed=complete,
+        description=(
+            "complete"
+            if not manifest.is_partial
+            else "PARTIAL, training on the accepted parts was allowed"
+            if complete
+            else f"{url}: {job_id} version {version} is PARTIAL with "
+            f"{manifest.counts.outstanding} items outstanding, so nothing is trained; the sensor "
+            "resubmits them where a Compute service can. Set allow_partial to train on the "
+            "accepted parts anyway."
+        ),
+        metadata={
+            "outstanding": manifest.counts.outstanding or 0,
+            "allow_partial": config.allow_partial,
+        },
+    )
     job = manifest.job
     meta = {
         **md.identity("snapshot", manifest.snapshot),
@@ -75,6 +101,6 @@ def result_manifest(
     context.log.info(
         f"{job_id} version {version}: {manifest.counts.items} items, {meta['job_status']}"
     )
-    return dg.Output(
+    yield dg.Output(
         source, metadata=meta, data_version=dg.DataVersion(manifest.snapshot.content_sha256)
     )

@@ -139,7 +139,7 @@ def test_a_bad_bundle_url_is_one_line_and_trains_nothing(tmp_path, make, expecte
     assert result.asset_materializations_for_node("training_run") == []
 
 
-def test_a_partial_bundle_url_is_refused_naming_it(tmp_path, published):
+def test_a_partial_bundle_url_is_recorded_and_stopped_by_its_check(tmp_path, published):
     partial = _newer_version(published, "wine-partial", status="PARTIAL")
     defs = build_definitions(_env(tmp_path, str(partial)))
     with dg.instance_for_test() as instance:
@@ -147,8 +147,13 @@ def test_a_partial_bundle_url_is_refused_naming_it(tmp_path, published):
             instance=instance, raise_on_error=False
         )
     assert not result.success
-    message = result.get_step_failure_events()[0].step_failure_data.user_failure_data.description
-    assert str(partial) in message and "PARTIAL with 3 items outstanding" in message
+    (check,) = result.get_asset_check_evaluations()
+    assert check.check_name == "result_manifest_complete" and not check.passed
+    assert str(partial) in check.description
+    assert "PARTIAL with 3 items outstanding, so nothing is trained" in check.description
+    recorded = result.asset_materializations_for_node("result_manifest")[0].metadata
+    assert recorded["job_status"].value == "PARTIAL" and recorded["outstanding"].value == 3
+    assert result.asset_materializations_for_node("verified_snapshot") == []
 
 
 def test_bundle_url_and_a_compute_service_are_exclusive(monkeypatch, tmp_path):

@@ -37,6 +37,7 @@ def test_chain_materializes_end_to_end(tmp_path, sample, labelled_samples, capsy
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks == dict.fromkeys(
         [
+            "result_manifest_complete",
             "manifest_binds_every_file",
             "index_disjoint_and_covering",
             "iterated_counts_reconcile",

@@ -8,24 +8,16 @@ metadata did.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import dagster as dg
 import pytest
-from dagster_graphql.test.utils import execute_dagster_graphql
 
 from assets import CHAIN_ASSETS, CHAIN_GROUP
 from pipeline.defs.definitions import defs
 from pipeline.defs.jobs import CHAIN_JOB_NAME
-from resources.settings import REPO_ROOT
 from tests.helpers.chain import CHAIN_EDGES
-from tests.helpers.dagster_internals import (
-    InProcessCodeLocationOrigin,
-    InProcessWorkspaceLoadTarget,
-    LoadableTargetOrigin,
-    WorkspaceProcessContext,
-)
+from tests.helpers.graphql import Query, graphql_on
 
 if TYPE_CHECKING:
     from tests.helpers.chain import LineageInstance
@@ -34,7 +26,6 @@ pytestmark = pytest.mark.integration
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS]  # result_manifest → … → output_bundle
 
-Query = Callable[..., dict[str, Any]]
 
 ASSET_NODES = """
 {
@@ -90,28 +81,7 @@ query ($key: String!, $value: String!) {
 @pytest.fixture(scope="module")
 def graphql(lineage_instance: LineageInstance) -> Iterator[Query]:
     """Run GraphQL queries against the instance with the definitions loaded in-process."""
-    origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(
-            module_name="pipeline.defs.definitions", working_directory=str(REPO_ROOT)
-        )
-    )
-    with (
-        lineage_instance.instance() as instance,
-        WorkspaceProcessContext(
-            instance, InProcessWorkspaceLoadTarget(origin), version=dg.__version__, read_only=True
-        ) as process_context,
-    ):
-        errors = process_context.create_request_context().get_code_location_entries()
-        for name, entry in errors.items():
-            assert entry.load_error is None, f"code location {name} failed to load: {entry}"
-
-        def query(text: str, **variables: object) -> dict[str, Any]:
-            result = execute_dagster_graphql(
-                process_context.create_request_context(), text, variables
-            )
-            assert not result.errors, result.errors
-            return result.data
-
+    with lineage_instance.instance() as instance, graphql_on(instance) as query:
         yield query
 
 

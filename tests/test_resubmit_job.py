@@ -80,7 +80,13 @@ def test_a_failed_resubmission_run_is_retried_by_the_sensor(tmp_path):
 
     def tick(instance, resources, cursor):
         with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
-            return sensor_tick(context, resources["compute"], resources["chain_settings"], now=1.0)
+            return sensor_tick(
+                context,
+                resources["compute"],
+                resources["chain_settings"],
+                resources["bundle_store"],
+                now=1.0,
+            )
 
     def launch(instance, resources, request):
         tags = {**request.tags, RUN_KEY_TAG: request.run_key}

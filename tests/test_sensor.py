@@ -116,7 +116,9 @@ def tick_at(instance: dg.DagsterInstance, setup: Setup, cursor: str | None, now:
     """One evaluation with an explicit clock (``tick`` is the sensor's whole body)."""
     res = setup.resources
     with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
-        result = sensor_tick(context, res["compute"], res["chain_settings"], now=now)
+        result = sensor_tick(
+            context, res["compute"], res["chain_settings"], res["bundle_store"], now=now
+        )
     skip = result.skip_reason.skip_message if result.skip_reason else None
     return Tick(list(result.run_requests or []), skip, result.cursor)
 

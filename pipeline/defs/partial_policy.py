@@ -24,6 +24,7 @@ class JobCursor(BaseModel):
     resubmit_requested: dict[str, float] = Field(default_factory=dict)  # version -> when
     first_seen: dict[str, float] = Field(default_factory=dict)  # version -> when
     resubmit_retries: dict[str, int] = Field(default_factory=dict)  # version -> retries requested
+    observed: list[str] = Field(default_factory=list)  # versions recorded as observations
 
 
 class Cursor(BaseModel):

@@ -11,6 +11,9 @@ import time
 
 import dagster as dg
 
+from assets.compute_result_versions import observation
+from pipeline.bundle.errors import BundleError
+from pipeline.bundle.manifest import Manifest
 from pipeline.defs.jobs import (
     CHAIN_JOB_NAME,
     FINISHED_RUN_STATUSES,
@@ -21,8 +24,9 @@ from pipeline.defs.jobs import (
     resubmit_run_config,
 )
 from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, decide
-from resources.compute.client import ComputeError, ComputeUnavailable
-from resources.dagster_resources import ComputeResource
+from resources.bundle_store import BundleStore
+from resources.compute.client import ComputeClient, ComputeError, ComputeUnavailable
+from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
 
 SENSOR_NAME = "compute_partial_sensor"
@@ -68,24 +72,73 @@ def _resubmit_runs(
             tags={"lithi/job_id": job_id, "lithi/version_id": version_id},
         )
     )
-    failed = sum(r.status == dg.DagsterRunStatus.FAILURE for r in runs)
+    # A run that failed, that run monitoring failed (it never started), or that was canceled
+    # resubmitted nothing for sure: each counts as one that did not get through.
+    ended = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+    failed = sum(r.status in ended for r in runs)
     active = any(r.status not in FINISHED_RUN_STATUSES for r in runs)
     return failed, active
+
+
+def _observations(
+    job_id: str,
+    versions: list[str],
+    seen: list[str],
+    client: ComputeClient,
+    store: BundleStore,
+    credential_ref: str | None,
+) -> list[dg.AssetObservation]:
+    """One observation per version not seen before, oldest first (its parent read for the
+    change by status); ``seen`` is extended with the versions observed."""
+    manifests: dict[str, Manifest] = {}
+
+    def manifest(version: str) -> Manifest:
+        if version not in manifests:
+            url = client.manifest_url(job_id, version)
+            manifests[version] = store.read_manifest(url, credential_ref)
+        return manifests[version]
+
+    out = []
+    for version in versions:
+        if version in seen:
+            continue
+        m = manifest(version)
+        parent_id = m.job.parent_version_id if m.job is not None else None
+        parent = manifest(parent_id) if parent_id in versions else None
+        out.append(observation(job_id, m, client.manifest_url(job_id, version), parent))
+        seen.append(version)
+    return out
+
+
+def _state_table(rows: list[list[str]]) -> str:
+    """The sensor's view of every watched job, as a table for the tick's log."""
+    header = ["job", "state", "attempt", "latest version", "outstanding", "decision"]
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    lines += [" | ".join(r) for r in rows]
+    return "\n".join(lines)
 
 
 def tick(
     context: dg.SensorEvaluationContext,
     compute: ComputeResource,
     settings: ChainSettings,
+    bundle_store: BundleStoreResource,
     now: float | None = None,
 ) -> dg.SensorResult:
-    """One tick: observe every watched job, decide, and return requests plus the new cursor."""
+    """One tick: observe every watched job, decide, and return requests plus the new cursor.
+
+    Besides run requests, every result version seen for the first time is recorded as an
+    observation of ``compute_result_versions`` (PARTIAL ones too).
+    """
     now = time.time() if now is None else now
     cursor = Cursor.from_json(context.cursor)
     client = compute.client()
+    store = bundle_store.store()
     policy = settings.policy
     requests: list[dg.RunRequest] = []
     reasons: list[str] = []
+    events: list[dg.AssetObservation] = []
+    rows: list[list[str]] = []
     for job_id in settings.watched_jobs(client):
         try:
             status = client.status(job_id)
@@ -110,17 +163,42 @@ def tick(
             can_resubmit=client.can_resubmit,
         )
         job_cursor = cursor.jobs.setdefault(job_id, JobCursor())
+        try:
+            events += _observations(
+                job_id,
+                status.versions,
+                job_cursor.observed,
+                client,
+                store,
+                settings.credential_ref or None,
+            )
+        except (ComputeError, ComputeUnavailable, BundleError) as e:
+            reasons.append(f"{job_id}: a version could not be read ({e}); observed next tick")
         decision = decide(observed, job_cursor, policy, now)
         requests += [run_request_for(a) for a in decision.actions]
         reasons += decision.reasons
+        what = ", ".join(f"{a.kind} {a.version_id}" for a in decision.actions) or "wait"
+        rows.append(
+            [
+                job_id,
+                status.state,
+                str(status.attempt),
+                status.latest_version_id or "-",
+                str(status.outstanding),
+                what,
+            ]
+        )
+    if rows:
+        context.log.info("watched jobs:\n" + _state_table(rows))
     if not requests:
         return dg.SensorResult(
             skip_reason=dg.SkipReason("; ".join(reasons) or "no Compute jobs are watched"),
             cursor=cursor.to_json(),
+            asset_events=events,
         )
     for r in reasons:
         context.log.info(r)
-    return dg.SensorResult(run_requests=requests, cursor=cursor.to_json())
+    return dg.SensorResult(run_requests=requests, cursor=cursor.to_json(), asset_events=events)
 
 
 @dg.sensor(
@@ -135,7 +213,10 @@ def tick(
     ),
 )
 def compute_partial_sensor(
-    context: dg.SensorEvaluationContext, compute: ComputeResource, chain_settings: ChainSettings
+    context: dg.SensorEvaluationContext,
+    compute: ComputeResource,
+    chain_settings: ChainSettings,
+    bundle_store: BundleStoreResource,
 ) -> dg.SensorResult:
     """The sensor the daemon evaluates."""
-    return tick(context, compute, chain_settings)
+    return tick(context, compute, chain_settings, bundle_store)

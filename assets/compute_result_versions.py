@@ -1,0 +1,88 @@
+"""``compute_result_versions``: every result version Compute published, as Dagster observes it.
+
+An external asset (the versions live in Compute, not here) upstream of ``result_manifest``. The
+sensor records one observation per version the moment it sees it — PARTIAL ones included — with
+its counts by status, content digest, parent, outstanding items and what changed since its
+parent, so "what did the resubmission change?" is answered on this asset's page. Each
+observation carries the version's content digest as its data version, so a newer version marks
+``result_manifest`` and everything downstream stale until the chain is rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets._group import CHAIN_GROUP
+from pipeline.bundle import format as fmt
+from pipeline.bundle.manifest import Manifest
+from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.settings import ChainSettings
+
+KEY = dg.AssetKey("compute_result_versions")
+#: The tag Dagster reads an observation's data version from (what ``ObserveResult`` writes).
+DATA_VERSION_TAG = "dagster/data_version"
+COUNTS = ("items", *fmt.STATUSES, "outstanding")
+
+def delta(manifest: Manifest, parent: Manifest | None) -> dict[str, int]:
+    """How each count moved from the parent version to this one (all zero for a first one)."""
+    now = manifest.counts.model_dump()
+    before = parent.counts.model_dump() if parent is not None else now
+    return {c: (now.get(c) or 0) - (before.get(c) or 0) for c in COUNTS}
+
+
+def observation(
+    job_id: str, manifest: Manifest, url: str, parent: Manifest | None
+) -> dg.AssetObservation:
+    """The observation of one published version: identity, counts, and the change from its
+    parent, as metadata a person reads (and Dagster plots) on the asset's page."""
+    job = manifest.job
+    counts = manifest.counts.model_dump()
+    moved = delta(manifest, parent)
+    change = ", ".join(f"{c} {n:+d}" for c, n in moved.items() if n) or "first version"
+    metadata: dict[str, object] = {
+        "job_id": job_id,
+        "version_id": manifest.snapshot.version_id,
+        "status": job.status if job is not None else "n/a",
+        "attempt": job.attempt if job is not None else 1,
+        "parent_version_id": (job.parent_version_id if job is not None else None) or "none",
+        "content_sha256": dg.MetadataValue.md(f"`{manifest.snapshot.content_sha256}`"),
+        **{c: counts.get(c) or 0 for c in COUNTS},
+        "change": change,
+        **{f"change/{c}": n for c, n in moved.items()},
+        "manifest_url": dg.MetadataValue.url(url) if "://" in url else dg.MetadataValue.path(url),
+    }
+    return dg.AssetObservation(
+        asset_key=KEY,
+        description=f"{job_id} {metadata['status']} {manifest.snapshot.version_id}: {change}",
+        metadata=metadata,
+        tags={DATA_VERSION_TAG: manifest.snapshot.content_sha256},
+    )
+
+
+@dg.observable_source_asset(
+    key=KEY,
+    group_name=CHAIN_GROUP,
+    tags={"dagster/kind/json": ""},  # what ``kinds`` writes; this decorator takes tags only
+    description="Every result version the Compute jobs published, PARTIAL ones included: one "
+    "observation per version, recorded by the sensor as it sees it, with counts by status, "
+    "content digest, parent, outstanding items and what changed since the parent. Observing "
+    "it by hand records the latest version of each watched job.",
+)
+def compute_result_versions(
+    compute: ComputeResource, bundle_store: BundleStoreResource, chain_settings: ChainSettings
+) -> dg.ObserveResult:
+    """The latest version of the watched job (the first one if several are watched)."""
+    client = compute.client()
+    jobs = chain_settings.watched_jobs(client)
+    if not jobs:
+        raise dg.Failure("no Compute job is watched: set LITHI_JOB_ID or submit a job first")
+    status = client.status(jobs[0])
+    if status.latest_version_id is None:
+        raise dg.Failure(f"{jobs[0]} has published no version yet ({status.state})")
+    url = client.manifest_url(jobs[0], status.latest_version_id)
+    m = bundle_store.store().read_manifest(url, chain_settings.credential_ref or None)
+    seen = observation(jobs[0], m, url, None)
+    return dg.ObserveResult(
+        metadata={k: v for k, v in seen.metadata.items() if not k.startswith("change")},
+        data_version=dg.DataVersion(m.snapshot.content_sha256),
+    )

@@ -1,0 +1,64 @@
+"""Dagster's GraphQL API in-process, over an instance: what the UI reads, without a browser.
+
+The code location is loaded in-process (``pipeline.defs.definitions``) and queried with the
+schema the webserver serves at ``/graphql`` (dagster-webserver's own tests do the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dagster as dg
+from dagster_graphql.test.utils import execute_dagster_graphql
+
+from resources.settings import REPO_ROOT
+from tests.helpers.dagster_internals import (
+    InProcessCodeLocationOrigin,
+    InProcessWorkspaceLoadTarget,
+    LoadableTargetOrigin,
+    WorkspaceProcessContext,
+)
+
+Query = Callable[..., dict[str, Any]]
+
+STALENESS = """
+{
+  assetNodes {
+    assetKey { path }
+    staleStatus
+    staleCauses { reason category key { path } }
+  }
+}
+"""
+
+
+@contextlib.contextmanager
+def graphql_on(instance: dg.DagsterInstance) -> Iterator[Query]:
+    """A ``query(text, **variables) -> data`` function over ``instance``."""
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(
+            module_name="pipeline.defs.definitions", working_directory=str(REPO_ROOT)
+        )
+    )
+    with WorkspaceProcessContext(
+        instance, InProcessWorkspaceLoadTarget(origin), version=dg.__version__, read_only=True
+    ) as process_context:
+        entries = process_context.create_request_context().get_code_location_entries()
+        for name, entry in entries.items():
+            assert entry.load_error is None, f"code location {name} failed to load: {entry}"
+
+        def query(text: str, **variables: object) -> dict[str, Any]:
+            result = execute_dagster_graphql(
+                process_context.create_request_context(), text, variables
+            )
+            assert not result.errors, result.errors
+            return result.data
+
+        yield query
+
+
+def stale_status(query: Query) -> dict[str, str]:
+    """Every asset's stale status as the UI shows it (FRESH, STALE, MISSING)."""
+    return {n["assetKey"]["path"][-1]: n["staleStatus"] for n in query(STALENESS)["assetNodes"]}
