@@ -20,6 +20,7 @@ from pipeline.bundle.errors import (
     SizeMismatch,
     StatusMismatch,
     UnboundFile,
+    UnreadableFile,
     UnsafePath,
 )
 from pipeline.bundle.manifest import (
@@ -67,6 +68,7 @@ __all__ = [
     "SnapshotId",
     "StatusMismatch",
     "UnboundFile",
+    "UnreadableFile",
     "UnsafePath",
     "VerifiedSnapshot",
     "VerifyStats",

@@ -31,6 +31,10 @@ class MissingFile(BundleError):
     """A file the manifest binds is not in the bundle."""
 
 
+class UnreadableFile(BundleError):
+    """A bound file or a directory of the bundle exists but cannot be read (permission, I/O)."""
+
+
 class UnboundFile(BundleError):
     """A file is in the bundle directory but the manifest does not bind it."""
 
