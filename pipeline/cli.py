@@ -3,6 +3,11 @@
 Exit codes are a contract for scripts: 0 the bundle is valid (or the command succeeded), 1 the
 bundle is invalid (every violation is listed), 2 the command was used wrongly (bad flags, a path
 that does not exist, a table that cannot be staged as asked).
+
+Everything printed that comes from a bundle (ids, names, paths, messages quoting them) is
+untrusted: text lines escape every non-printable character (``\\n``, ``\\x1b``, ``\\u202e``,
+``\\udcff`` for a byte that is not UTF-8), so a crafted bundle cannot forge a line or drive the
+terminal; JSON output is ASCII.
 """
 
 from __future__ import annotations
@@ -32,8 +37,30 @@ class UsageError(Exception):
     """The command line asks for something impossible; exit code 2, no stack trace."""
 
 
+def escape(text: object) -> str:
+    """``text`` fit for one line of a terminal or a log: each non-printable character escaped.
+
+    Bundle contents are untrusted; a newline or an ANSI sequence in an id or a file name would
+    otherwise let a crafted bundle print a fake ``VALID`` line or rewrite the screen.
+    """
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+def say(text: object = "", *, file: TextIO | None = None) -> None:
+    """Print one line of untrusted text, escaped (see :func:`escape`)."""
+    print(escape(text), file=file or sys.stdout)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``lithi-bundle`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal that cannot show a character gets its escape, never a UnicodeEncodeError.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -42,10 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except UsageError as e:
-        print(f"lithi-bundle {args.command}: {e}", file=sys.stderr)
+        say(f"lithi-bundle {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except BundleError as e:
-        print(f"lithi-bundle {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        say(f"lithi-bundle {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_INVALID
     except BrokenPipeError:  # e.g. `lithi-bundle inspect B | head`: the reader stopped
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -125,23 +152,26 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     root: Path = args.path
-    if not root.exists():
+    if not os.path.lexists(root):
+        if args.json:  # a script asked for JSON: it gets JSON, whatever happened
+            print(json.dumps(_usage_report(root, f"{root}: no such directory"), indent=2))
+            return EXIT_USAGE
         raise UsageError(f"{root}: no such directory")
     with _progress_bar("verify", unit="B", scale=True) as bar:
         manifest, errors, stats = check(root, progress=bar.bytes if bar else None)
     if args.json:
         print(json.dumps(_verify_report(root, manifest, errors, stats), indent=2))
     elif errors:
-        print(f"INVALID {root}: {len(errors)} violation(s)")
+        say(f"INVALID {root}: {len(errors)} violation(s)")
         for e in errors:
-            print(f"  - {type(e).__name__}: {e}")
+            say(f"  - {type(e).__name__}: {e}")
     else:
         assert manifest is not None and stats is not None
         snap = manifest.snapshot
-        print(f"VALID {root}")
-        print(f"  version_id      {snap.version_id}")
-        print(f"  content_sha256  {snap.content_sha256}")
-        print(
+        say(f"VALID {root}")
+        say(f"  version_id      {snap.version_id}")
+        say(f"  content_sha256  {snap.content_sha256}")
+        say(
             f"  {manifest.kind}, {manifest.counts.items} items in {len(manifest.parts)} part(s), "
             f"{stats.bytes_total} bytes ({stats.bytes_hashed} hashed)"
         )
@@ -161,40 +191,50 @@ def _verify_report(
     }
 
 
+def _usage_report(root: Path, message: str) -> dict[str, Any]:
+    return {
+        "path": str(root),
+        "valid": False,
+        "snapshot": None,
+        "kind": None,
+        "errors": [{"type": "UsageError", "path": str(root), "message": message}],
+        "stats": None,
+    }
+
+
 # --- inspect --------------------------------------------------------------------------------
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     root: Path = args.path
-    if not root.exists():
+    if not os.path.lexists(root):
         raise UsageError(f"{root}: no such directory")
     m = read_manifest(root)  # BundleError -> exit 1
-    if args.json:
-        print(m.to_json(), end="")
+    if args.json:  # ASCII JSON: safe on any terminal, parsed back to the same manifest
+        print(json.dumps(m.model_dump(mode="json", by_alias=True), indent=2))
         return EXIT_OK
-    out = sys.stdout
-    print(f"bundle          {root}  (manifest only; run `lithi-bundle verify` to check files)")
-    print(f"kind            {m.kind}")
-    print(f"version_id      {m.snapshot.version_id}")
-    print(f"content_sha256  {m.snapshot.content_sha256}")
-    print(f"created_at      {m.model_dump(mode='json')['created_at']}")
-    print(f"item_id_field   {m.item_id_field}")
+    say(f"bundle          {root}  (manifest only; run `lithi-bundle verify` to check files)")
+    say(f"kind            {m.kind}")
+    say(f"version_id      {m.snapshot.version_id}")
+    say(f"content_sha256  {m.snapshot.content_sha256}")
+    say(f"created_at      {m.model_dump(mode='json')['created_at']}")
+    say(f"item_id_field   {m.item_id_field}")
     if m.input is not None:
-        print(f"input           {m.input.version_id}  {m.input.content_sha256}")
+        say(f"input           {m.input.version_id}  {m.input.content_sha256}")
         if m.input.credential_ref:
-            print(f"credential_ref  {m.input.credential_ref}")
+            say(f"credential_ref  {m.input.credential_ref}")
     if m.job is not None:
         j = m.job
-        print(f"job             {j.job_id}  {j.status}  attempt {j.attempt}")
+        say(f"job             {j.job_id}  {j.status}  attempt {j.attempt}")
         if j.parent_version_id:
-            print(f"parent_version  {j.parent_version_id}")
+            say(f"parent_version  {j.parent_version_id}")
         if j.next_action:
-            print(f"next_action     {j.next_action.action} ({j.next_action.items} items)")
+            say(f"next_action     {j.next_action.action} ({j.next_action.items} items)")
     counts = {k: v for k, v in m.counts.model_dump().items() if v is not None}
-    print("counts          " + ", ".join(f"{k}={v}" for k, v in counts.items()))
-    print("\nschema")
+    say("counts          " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    say()
+    say("schema")
     _table(
-        out,
         ["#", "name", "type", "nullable"],
         [
             [
@@ -206,9 +246,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             for n, f in enumerate(m.schema_.fields)
         ],
     )
-    print("\nfiles")
+    say()
+    say("files")
     _table(
-        out,
         ["path", "rows", "bytes", "sha256"],
         [[f.path, str(f.rows), str(f.bytes), f.sha256] for f in m.bound_files],
         right={1, 2},
@@ -216,12 +256,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _table(
-    out: TextIO, headers: list[str], rows: list[list[str]], right: set[int] | None = None
-) -> None:
-    """Print a plain aligned text table (no colours: it is read in logs and piped to grep)."""
+def _table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> None:
+    """Print a plain aligned text table (no colours: it is read in logs and piped to grep).
+
+    Cells are escaped before they are measured, so a crafted name cannot break the columns; a
+    table with no rows (an empty bundle has no files) prints its headers alone.
+    """
     right = right or set()
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    rows = [[escape(c) for c in r] for r in rows]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
         return "  ".join(
@@ -229,10 +272,12 @@ def _table(
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    print(line(headers), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
+    say(line(headers))
+    say("  ".join("-" * w for w in widths))
     for r in rows:
-        print(line(r), file=out)
+        say(line(r))
+    if not rows:
+        say("(none)")
 
 
 # --- stage ----------------------------------------------------------------------------------

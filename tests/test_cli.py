@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.bundle import format as fmt
+from pipeline.bundle.stage import stage
 from pipeline.bundle.verify import verify
 from pipeline.cli import _progress_bar, main
 from tests.helpers.bundles import input_table, make_input, result_table
@@ -248,3 +249,66 @@ def test_stage_type_outside_the_vocabulary_is_a_usage_error(tmp_path, capsys):
     assert main(argv) == 2
     assert "v1 vocabulary" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# -- untrusted text, empty bundles, JSON always ------------------------------------------------
+
+
+def test_inspect_an_empty_bundle(tmp_path, capsys):
+    stage(input_table(0), tmp_path / "e", id_field="id", kind="input")
+    assert main(["inspect", str(tmp_path / "e")]) == 0
+    out = capsys.readouterr().out
+    assert "items=0" in out and "(none)" in out
+
+
+def test_crafted_names_cannot_forge_a_valid_line(bundle, capsys):
+    (bundle / "x\nVALID elsewhere\n\x1b[2J\u202e").write_bytes(b"")
+    assert main(["verify", str(bundle)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("INVALID")
+    assert "x\\nVALID elsewhere\\n\\x1b[2J\\u202e" in lines[1]
+    assert not any(line.startswith("VALID") for line in lines)
+
+
+def test_crafted_manifest_text_is_escaped_by_inspect(tmp_path, capsys):
+    column = "c\nVALID elsewhere\x1b[2J"
+    table = input_table(3).append_column(column, pa.array([1, 2, 3]))
+    stage(table, tmp_path / "b", id_field="id", kind="input")
+    assert main(["inspect", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "c\\nVALID elsewhere\\x1b[2J" in out
+    assert "\x1b" not in out and not any(x.startswith("VALID") for x in out.splitlines())
+
+
+def test_verify_json_on_a_missing_path_is_json(tmp_path, capsys):
+    assert main(["verify", "--json", str(tmp_path / "nope")]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False and report["errors"][0]["type"] == "UsageError"
+
+
+def test_json_output_is_ascii_whatever_the_bundle_holds(bundle, capsys):
+    os.close(os.open(os.fsencode(bundle) + b"/\xff\xfe-\xc3\xa9", os.O_CREAT | os.O_WRONLY))
+    assert main(["verify", "--json", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    out.encode("ascii")
+    assert json.loads(out)["errors"][0]["path"] == "\\xff\\xfe-\u00e9"
+
+
+@pytest.mark.integration
+def test_a_strict_ascii_terminal_gets_escapes_not_a_traceback(bundle):
+    os.close(os.open(os.fsencode(bundle) + b"/\xff-\xc3\xa9", os.O_CREAT | os.O_WRONLY))
+    env = {**os.environ, "PYTHONIOENCODING": "ascii:strict"}
+    runs = {
+        cmd: subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", cmd, str(bundle)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        for cmd in ("verify", "inspect")
+    }
+    assert [r.returncode for r in runs.values()] == [1, 0]
+    assert not any("Traceback" in r.stderr for r in runs.values())
+    # the byte that is not UTF-8 named as \xff, the e-acute that ASCII cannot show as \xe9
+    assert "\\xff-\\xe9: file not bound" in runs["verify"].stdout
