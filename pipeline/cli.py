@@ -1,8 +1,9 @@
 """``lithi-bundle``: verify, inspect and stage bundles from a shell, with no Dagster involved.
 
 Exit codes are a contract for scripts: 0 the bundle is valid (or the command succeeded), 1 the
-bundle is invalid (every violation is listed), 2 the command was used wrongly (bad flags, a path
-that does not exist, a table that cannot be staged as asked).
+bundle is invalid (every violation is listed) or the command failed on I/O (a full or read-only
+disk; nothing is left behind), 2 the command was used wrongly (bad flags, a path that does not
+exist, a table that cannot be staged as asked). Every failure is one line on stderr.
 
 Everything printed that comes from a bundle (ids, names, paths, messages quoting them) is
 untrusted: text lines escape every non-printable character (``\\n``, ``\\x1b``, ``\\u202e``,
@@ -22,12 +23,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import atomic_write_text
-from pipeline.bundle.errors import BundleError
+from pipeline.bundle.errors import BundleError, BundleExists
 from pipeline.bundle.manifest import InputRef, JobInfo, Manifest, json_schema_text
-from pipeline.bundle.stage import DEFAULT_ROWS_PER_PART, ROW_GROUP_ROWS, stage
+from pipeline.bundle.sources import FORMATS, SUFFIXES, SourceError, open_source, read_schema_file
+from pipeline.bundle.stage import DEFAULT_ROWS_PER_PART, stage
 from pipeline.bundle.verify import VerifyStats, check, read_manifest, verify
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -35,6 +39,10 @@ EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 class UsageError(Exception):
     """The command line asks for something impossible; exit code 2, no stack trace."""
+
+
+class IOFailure(Exception):
+    """Writing failed (no space, a read-only file system, a permission); exit code 1."""
 
 
 def escape(text: object) -> str:
@@ -74,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BundleError as e:
         say(f"lithi-bundle {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_INVALID
+    except IOFailure as e:
+        say(f"lithi-bundle {args.command}: {e}", file=sys.stderr)
+        return EXIT_INVALID
     except BrokenPipeError:  # e.g. `lithi-bundle inspect B | head`: the reader stopped
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
@@ -100,15 +111,25 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "stage",
-        help="stage a Parquet table as a new bundle",
-        description="Stream TABLE.parquet batch by batch into a new bundle at --out. "
-        "Result and prediction bundles must name the input snapshot they derive from; "
-        "result bundles also describe their job and need the lithi_* columns.",
+        help="stage a table (Parquet, Arrow IPC/Feather, CSV, JSON Lines) as a new bundle",
+        description="Stream TABLE batch by batch into a new bundle at --out. The format comes "
+        f"from the suffix ({', '.join(SUFFIXES)}) or --format. CSV and JSON Lines carry no "
+        "types: --schema FILE.json declares them. Result and prediction bundles must name the "
+        "input snapshot they derive from; result bundles also describe their job and need the "
+        "lithi_* columns.",
     )
-    s.add_argument("table", type=Path, metavar="TABLE.parquet")
+    s.add_argument("table", type=Path, metavar="TABLE")
     s.add_argument("--id-field", required=True, help="the item id column (string, non-null)")
     s.add_argument("--kind", required=True, choices=("input", "result", "prediction"))
     s.add_argument("--out", required=True, type=Path, help="new bundle directory (must not exist)")
+    s.add_argument("--format", choices=FORMATS, help="how to read TABLE (default: its suffix)")
+    s.add_argument(
+        "--schema",
+        type=Path,
+        metavar="FILE.json",
+        help='declared column types, {"fields": [{"name", "type", "nullable"}, ...]} (the '
+        "manifest's schema object); needed for CSV and JSON Lines, a safe cast otherwise",
+    )
     s.add_argument("--rows-per-part", type=int, default=DEFAULT_ROWS_PER_PART)
     s.add_argument("--version-id", help="version id to record (default: generated, unique)")
     s.add_argument("--json", action="store_true", help="print the identity as JSON")
@@ -285,48 +306,85 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int] | None = N
 
 def _cmd_stage(args: argparse.Namespace) -> int:
     table: Path = args.table
-    if not table.is_file():
+    if not _is_file(table):
         raise UsageError(f"{table}: no such file")
     if args.rows_per_part < 1:
         raise UsageError(f"--rows-per-part must be >= 1, got {args.rows_per_part}")
-    if args.out.exists():
-        raise UsageError(f"{args.out}: already exists; a bundle is never overwritten")
+    _check_out(args.out)
+    if args.version_id is not None:
+        try:
+            fmt.check_version_id(args.version_id, what="--version-id")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     input_ref = _input_ref(args)
     job, outstanding = _job(args)
     try:
-        pf = pq.ParquetFile(table)
-    except Exception as e:  # pyarrow raises several types for "not Parquet"
-        raise UsageError(f"{table}: not a readable Parquet file: {e}") from None
-    if args.id_field not in pf.schema_arrow.names:
+        declared = read_schema_file(args.schema) if args.schema is not None else None
+        source = open_source(table, format=args.format, declared=declared)
+    except SourceError as e:
+        raise UsageError(str(e)) from None
+    if args.id_field not in source.schema.names:
         raise UsageError(
-            f"{table}: no column {args.id_field!r} (columns: {', '.join(pf.schema_arrow.names)})"
+            f"{table}: no column {args.id_field!r} (columns: {', '.join(source.schema.names)})"
         )
-    with _progress_bar("stage", unit="rows", total=pf.metadata.num_rows) as bar:
+    with _progress_bar("stage", unit="rows", total=source.num_rows) as bar:
         try:
             snap = stage(
-                pf.iter_batches(batch_size=ROW_GROUP_ROWS),  # streams: one batch in memory
+                source.batches(),  # streams: one batch in memory
                 args.out,
                 id_field=args.id_field,
                 kind=args.kind,
-                schema=pf.schema_arrow,
+                schema=source.schema,
                 rows_per_part=args.rows_per_part,
                 job=job,
                 input=input_ref,
                 outstanding_ids=outstanding,
                 version_id=args.version_id,
                 on_rows=bar.rows if bar else None,
+                source=str(table),
             )
-        except (ValueError, TypeError) as e:  # not a BundleError: the table does not fit v1
+        except BundleExists as e:  # appeared while staging: the name is taken
             raise UsageError(str(e)) from None
+        except BundleError as e:  # the rows break the contract: not this table, as asked
+            raise UsageError(f"{type(e).__name__}: {e}") from None
+        except (ValueError, TypeError) as e:  # not a BundleError: the table does not fit v1
+            raise UsageError(" ".join(str(e).split())) from None
+        except OSError as e:  # nothing is left behind: stage() removed what it wrote
+            raise IOFailure(f"cannot stage {args.out}: {_os_error(e)}; nothing was kept") from None
     ident = snap.identity
     if args.json:
         print(json.dumps({"path": str(args.out), "snapshot": ident.model_dump()}, indent=2))
     else:
         m = snap.manifest
-        print(f"staged {args.out}: {m.counts.items} items in {len(m.parts)} part(s)")
-        print(f"  version_id      {ident.version_id}")
-        print(f"  content_sha256  {ident.content_sha256}")
+        say(f"staged {args.out}: {m.counts.items} items in {len(m.parts)} part(s)")
+        say(f"  version_id      {ident.version_id}")
+        say(f"  content_sha256  {ident.content_sha256}")
     return EXIT_OK
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte
+        return False
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError on one line: what failed, and where when it says."""
+    what = e.strerror or " ".join(str(e).split()) or type(e).__name__
+    return f"{what} ({e.filename})" if e.filename else what
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be a new name whose nearest existing ancestor is a directory."""
+    if os.path.lexists(out):
+        kind = "a dangling symlink" if out.is_symlink() and not out.exists() else "something"
+        raise UsageError(f"--out {out}: {kind} already exists there; a bundle is never overwritten")
+    d = out.parent
+    while not os.path.lexists(d):
+        d = d.parent
+    if not d.is_dir():
+        raise UsageError(f"--out {out}: {d} is not a directory")
 
 
 def _input_ref(args: argparse.Namespace) -> InputRef | None:
@@ -338,6 +396,8 @@ def _input_ref(args: argparse.Namespace) -> InputRef | None:
     if args.input_bundle:
         if args.input_version_id or args.input_sha256:
             raise UsageError("give --input-bundle or --input-version-id/--input-sha256, not both")
+        if not args.input_bundle.is_dir():
+            raise UsageError(f"--input-bundle {args.input_bundle}: no such directory")
         ident = verify(args.input_bundle).identity  # derive only from something verified
         vid, sha = ident.version_id, ident.content_sha256
     elif args.input_version_id and args.input_sha256:
@@ -350,7 +410,17 @@ def _input_ref(args: argparse.Namespace) -> InputRef | None:
     try:
         return InputRef(version_id=vid, content_sha256=sha, credential_ref=args.credential_ref)
     except ValueError as e:
-        raise UsageError(f"bad input snapshot: {e}") from None
+        raise UsageError(f"bad input snapshot: {_problems(e)}") from None
+
+
+def _problems(e: ValueError) -> str:
+    """A pydantic ValidationError (or any ValueError) on one line."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        return "; ".join(
+            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in errors()
+        )
+    return " ".join(str(e).split())
 
 
 def _job(args: argparse.Namespace) -> tuple[JobInfo | None, Any]:
@@ -361,12 +431,7 @@ def _job(args: argparse.Namespace) -> tuple[JobInfo | None, Any]:
         return None, None
     if not args.job_id:
         raise UsageError("a result bundle needs --job-id")
-    outstanding = None
-    if args.outstanding:
-        if not args.outstanding.is_file():
-            raise UsageError(f"{args.outstanding}: no such file")
-        t = pq.read_table(args.outstanding, columns=[args.id_field])  # ids only: small
-        outstanding = t.column(args.id_field).combine_chunks()
+    outstanding = _outstanding_ids(args.outstanding, args.id_field) if args.outstanding else None
     status = "PARTIAL" if outstanding is not None and len(outstanding) else args.job_status
     try:
         job = JobInfo(
@@ -376,8 +441,34 @@ def _job(args: argparse.Namespace) -> tuple[JobInfo | None, Any]:
             parent_version_id=args.parent_version_id,
         )
     except ValueError as e:
-        raise UsageError(f"bad job description: {e}") from None
+        raise UsageError(f"bad job description: {_problems(e)}") from None
     return job, outstanding
+
+
+def _outstanding_ids(path: Path, id_field: str) -> pa.Array:
+    """The ids listed in an ``--outstanding`` Parquet file (its ``id_field`` column, strings)."""
+    if not _is_file(path):
+        raise UsageError(f"--outstanding {path}: no such file")
+    try:
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        if id_field not in names:
+            raise UsageError(
+                f"--outstanding {path}: no id column {id_field!r} (columns: {', '.join(names)})"
+            )
+        ids = pf.read(columns=[id_field]).column(id_field).combine_chunks()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise UsageError(
+            f"--outstanding {path}: not a readable Parquet file listing the outstanding ids: "
+            f"{' '.join(str(e).split())}"
+        ) from None
+    if pa.types.is_dictionary(ids.type):
+        ids = ids.dictionary_decode()
+    if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+        raise UsageError(
+            f"--outstanding {path}: id column {id_field!r} must hold strings, found {ids.type}"
+        )
+    return ids
 
 
 # --- schema ---------------------------------------------------------------------------------

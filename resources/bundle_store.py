@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 import secrets
 import shutil
 import stat
@@ -38,7 +37,6 @@ from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
 _COPY_CHUNK = 4 * 1024 * 1024
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class SourceBundle(BaseModel):
@@ -133,12 +131,11 @@ class BundleStore:
         raw = self._manifest_bytes(fs, root, url)
         manifest = parse_manifest(raw, path=_join(url, fmt.MANIFEST_NAME))
         version = manifest.snapshot.version_id
-        if not _SAFE_NAME.match(version):
-            raise UnsafePath(
-                f"{_join(url, fmt.MANIFEST_NAME)}: version_id {version!r} is not a safe directory "
-                "name ([A-Za-z0-9][A-Za-z0-9._-]*)",
-                path=fmt.MANIFEST_NAME,
-            )
+        try:  # the manifest model applies this rule already; the cache never relies on that
+            fmt.check_version_id(version)
+        except ValueError as e:
+            where = _join(url, fmt.MANIFEST_NAME)
+            raise UnsafePath(f"{where}: {e}", path=fmt.MANIFEST_NAME) from None
         downloaded = reused = nbytes = hashed = 0
         for entry in manifest.bound_files:
             if self._have(entry):

@@ -13,6 +13,7 @@ from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     DigestMismatch,
+    DuplicateIds,
     IdentifierError,
     IncompleteBundle,
     ManifestInvalid,
@@ -174,7 +175,7 @@ def test_duplicate_id_across_parts(bundle):
     ids[4] = "item-00002"  # lives in part 0
     t = t.set_column(0, t.schema.field(0), pa.array(ids, pa.string()))
     rewrite_part(bundle, P1, t)
-    assert_only(bundle, IdentifierError, match=r"1 id\(s\) in 'id' appear more than once")
+    assert_only(bundle, DuplicateIds, match=r"1 id\(s\) in 'id' appear more than once")
     msg = str(check(bundle)[1][0])
     assert "'item-00002'" in msg and P0 in msg and P1 in msg
 
@@ -184,7 +185,7 @@ def test_duplicate_id_between_parts_and_outstanding(tmp_path):
     make_result(b, n=9, rows_per_part=5, outstanding=["late-1"])
     t = pa.table({"id": pa.array(["item-00003"], pa.string())})  # item-00003 is in part 0
     rewrite_part(b, fmt.OUTSTANDING_NAME, t.cast(pa.schema([pa.field("id", pa.string(), False)])))
-    assert_only(b, IdentifierError, match="appear more than once")
+    assert_only(b, DuplicateIds, match="appear more than once")
     assert "outstanding.parquet" in str(check(b)[1][0])
 
 

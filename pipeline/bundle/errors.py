@@ -59,6 +59,22 @@ class IdentifierError(BundleError):
     """An item id is null, not a string, or appears more than once in the bundle."""
 
 
+class DuplicateIds(IdentifierError):
+    """Some ids appear more than once across the parts and the outstanding list."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        count: int = 0,
+        examples: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.count = count
+        self.examples = list(examples or [])
+
+
 class CountMismatch(BundleError):
     """The manifest's counts disagree with the rows, or with each other."""
 

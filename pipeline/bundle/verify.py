@@ -28,6 +28,7 @@ from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     DigestMismatch,
+    DuplicateIds,
     IdentifierError,
     IncompleteBundle,
     ManifestInvalid,
@@ -579,10 +580,12 @@ def _check_unique_ids(
     first = examples[0]
     where = [p for p, col in id_arrays if pc.any(pc.equal(col.cast(pa.string()), first)).as_py()]
     errors.append(
-        IdentifierError(
+        DuplicateIds(
             f"{root}: {n_dups} id(s) in {id_field!r} appear more than once "
             f"(expected each exactly once), e.g. {first!r} in {', '.join(where)}",
             path=where[0] if where else None,
+            count=n_dups,
+            examples=examples,
         )
     )
 
