@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,6 +43,14 @@ class UsageError(Exception):
 
 class IOFailure(Exception):
     """Writing failed (no space, a read-only file system, a permission); exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (and exit 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        say(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
 
 
 def escape(text: object) -> str:
@@ -92,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="lithi-bundle",
         description="Verify, inspect and stage immutable Lithi bundles (format v1).",
         epilog="Exit codes: 0 valid/ok, 1 invalid bundle, 2 usage error.",
