@@ -108,7 +108,8 @@ def read_schema_file(path: str | Path) -> Schema:
         return Schema.model_validate_json(data, strict=True)
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
+            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: "
+            + err["msg"].removeprefix("Value error, ")
             for err in e.errors()
         )
         raise SourceError(
@@ -138,7 +139,7 @@ def open_source(
     except SourceError:
         raise
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise SourceError(f"{path}: not a readable {kind} file: {_one_line(e)}") from None
+        raise SourceError(f"{path}: cannot read as {kind}: {_one_line(e)}") from None
 
 
 # -- self-describing formats -----------------------------------------------------------------
