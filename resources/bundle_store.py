@@ -6,6 +6,13 @@ and a ledger entry records that it was hashed on arrival. A bundle is then mater
 ``bundles/<version_id>/`` of hard links to those objects, so a newer version that binds parts an
 older one already had costs only its new parts in download and in hashing: :meth:`trusted` lets
 ``pipeline.bundle.verify.verify`` skip files that are provably the verified objects.
+
+Any number of processes may fetch into one cache at once. Objects are content-addressed and
+arrive by an atomic rename that never replaces, so racing downloads of one file are harmless.
+A view is built and published under a lock per version (``locks/<version_id>.lock``, an OS file
+lock the kernel releases if its holder dies): the first fetcher materialises it, the others find
+it current and return it, and a published view is only ever retired when it is stale (it links
+an object that was found tampered with and replaced), never because another process is busy.
 """
 
 from __future__ import annotations
@@ -13,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 import secrets
 import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import fsspec
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +45,6 @@ from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
 _COPY_CHUNK = 4 * 1024 * 1024
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class SourceBundle(BaseModel):
@@ -78,8 +84,16 @@ class BundleStore:
         self.objects_dir = self.cache_dir / "objects"
         self.ledger_dir = self.cache_dir / "ledger"
         self.bundles_dir = self.cache_dir / "bundles"
-        for d in (self.objects_dir, self.ledger_dir, self.bundles_dir):
+        self.locks_dir = self.cache_dir / "locks"
+        for d in (self.objects_dir, self.ledger_dir, self.bundles_dir, self.locks_dir):
             d.mkdir(parents=True, exist_ok=True)
+
+    def _version_lock(self, version: str) -> filelock.BaseFileLock:
+        """The lock serialising the download and materialisation of one version.
+
+        It waits as long as its holder works (a large download); a holder that dies releases it.
+        """
+        return filelock.FileLock(self.locks_dir / f"{version}.lock", timeout=-1)
 
     # -- locations ---------------------------------------------------------------------------
 
@@ -134,27 +148,29 @@ class BundleStore:
         raw = self._manifest_bytes(fs, root, url)
         manifest = parse_manifest(raw, path=_join(url, fmt.MANIFEST_NAME))
         version = manifest.snapshot.version_id
-        if not _SAFE_NAME.match(version):
-            raise UnsafePath(
-                f"{_join(url, fmt.MANIFEST_NAME)}: version_id {version!r} is not a safe directory "
-                "name ([A-Za-z0-9][A-Za-z0-9._-]*)",
-                path=fmt.MANIFEST_NAME,
-            )
+        try:  # the manifest model applies this rule already; the cache never relies on that
+            fmt.check_version_id(version)
+        except ValueError as e:
+            where = _join(url, fmt.MANIFEST_NAME)
+            raise UnsafePath(f"{where}: {e}", path=fmt.MANIFEST_NAME) from None
         downloaded = reused = nbytes = hashed = 0
-        for entry in manifest.bound_files:
-            if self._have(entry):
-                reused += 1
-                continue
-            if self.object_path(entry.sha256).exists():  # present but unrecorded: check it here
-                hashed += entry.bytes
-                if self._adopt(entry):
+        # One fetcher per version at a time: the others wait, then find every object present
+        # and the view current (nothing downloaded or hashed twice, no view rebuilt under them).
+        with self._version_lock(version):
+            for entry in manifest.bound_files:
+                if self._have(entry):
                     reused += 1
                     continue
-            self._download(fs, posixpath.join(root, entry.path), entry, url)
-            downloaded += 1
-            nbytes += entry.bytes
-            hashed += entry.bytes
-        view = self._materialize(manifest, raw)
+                if self.object_path(entry.sha256).exists():  # present but unrecorded: check it
+                    hashed += entry.bytes
+                    if self._adopt(entry):
+                        reused += 1
+                        continue
+                self._download(fs, posixpath.join(root, entry.path), entry, url)
+                downloaded += 1
+                nbytes += entry.bytes
+                hashed += entry.bytes
+            view = self._materialize(manifest, raw)
         return FetchResult(view, manifest, nbytes, downloaded, reused, hashed)
 
     def object_path(self, sha256: str) -> Path:
@@ -184,12 +200,19 @@ class BundleStore:
         )
 
     def _adopt(self, entry: FileEntry) -> bool:
-        """Re-check an object with no valid ledger entry; keep it if its bytes are right."""
+        """Re-check an object with no valid ledger entry; keep it if its bytes are right.
+
+        Another version's fetch may be adopting or replacing the same object at the same time
+        (objects are shared between versions): an object gone meanwhile is simply not adopted.
+        """
         obj = self.object_path(entry.sha256)
-        if obj.stat().st_size == entry.bytes and sha256_file(obj) == entry.sha256:
-            os.chmod(obj, 0o444)
-            self._record(entry.sha256, obj)
-            return True
+        try:
+            if obj.stat().st_size == entry.bytes and sha256_file(obj) == entry.sha256:
+                os.chmod(obj, 0o444)
+                self._record(entry.sha256, obj)
+                return True
+        except FileNotFoundError:
+            return False
         _remove(obj)
         return False
 
@@ -242,6 +265,11 @@ class BundleStore:
             raise
 
     def _materialize(self, manifest: Manifest, raw: bytes) -> Path:
+        """Return the current view of this version, building it if needed.
+
+        Call with :meth:`_version_lock` held: only then is "the view is missing or stale" still
+        true when the view is replaced, so no process retires a view another one just published.
+        """
         version = manifest.snapshot.version_id
         view = self.bundles_dir / version
         if view.exists() and self._view_is_current(view, manifest):
@@ -254,17 +282,11 @@ class BundleStore:
             atomic_write_bytes(tmp / fmt.MANIFEST_NAME, raw, replace=False)
             os.chmod(tmp / fmt.MANIFEST_NAME, 0o444)
             fsync_dir(tmp / fmt.PARTS_DIR)
-            if view.exists():  # stale links to objects since replaced: retire the old view
+            if os.path.lexists(view):  # links objects since replaced (tampered): retire it
                 stale = self.bundles_dir / f".{version}.stale-{secrets.token_hex(6)}"
                 os.rename(view, stale)
                 shutil.rmtree(stale, ignore_errors=True)
-            try:
-                rename_noreplace(tmp, view)
-            except FileExistsError:  # another fetch materialised the same version first
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not self._view_is_current(view, manifest):
-                    raise
-                return view
+            rename_noreplace(tmp, view)  # under the version lock nobody else publishes it
             fsync_dir(self.bundles_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -279,7 +301,7 @@ class BundleStore:
         """
         try:
             existing = parse_manifest((view / fmt.MANIFEST_NAME).read_bytes())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
         if existing.snapshot != manifest.snapshot:
             raise DigestMismatch(
@@ -291,9 +313,9 @@ class BundleStore:
         for entry in manifest.bound_files:
             try:
                 a = os.stat(view / entry.path)
+                b = os.stat(self.object_path(entry.sha256))
             except FileNotFoundError:
                 return False
-            b = os.stat(self.object_path(entry.sha256))
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 return False
         return True
@@ -347,6 +369,13 @@ class BundleStore:
             raise ValueError(f"{root}: publish adopts bundles staged under {self.staging_dir()}")
         manifest = staged.manifest
         raw = (root / fmt.MANIFEST_NAME).read_bytes()
+        with self._version_lock(manifest.snapshot.version_id):
+            view = self._adopt_staged(root, manifest, raw)
+        shutil.rmtree(root, ignore_errors=True)
+        return self.verify(view)
+
+    def _adopt_staged(self, root: Path, manifest: Manifest, raw: bytes) -> Path:
+        """Move a staged bundle's files into the objects and materialise its view (locked)."""
         for entry in manifest.bound_files:
             obj = self.object_path(entry.sha256)
             if self._have(entry) or (obj.exists() and self._adopt(entry)):
@@ -361,9 +390,7 @@ class BundleStore:
                 continue
             fsync_dir(self.objects_dir)
             self._record(entry.sha256, obj)
-        view = self._materialize(manifest, raw)
-        shutil.rmtree(root, ignore_errors=True)
-        return self.verify(view)
+        return self._materialize(manifest, raw)
 
 
 def _remove(path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 
 import pyarrow as pa
@@ -12,6 +14,8 @@ from pipeline.bundle.errors import DigestMismatch, IncompleteBundle
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import verify
 from resources.bundle_store import BundleStore
+from tests.helpers.bundles import write_bytes
+from tests.helpers.fetchers import fetch_rounds
 
 
 def _table(start: int, n: int) -> pa.Table:
@@ -111,7 +115,7 @@ def test_digest_mismatch_during_download_keeps_nothing_of_that_file(tmp_path, bu
     p = bundle.root / bad.path
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different bytes
-    p.write_bytes(bytes(data))
+    write_bytes(p, bytes(data))
     store = BundleStore(tmp_path / "cache")
     with pytest.raises(DigestMismatch, match=bad.sha256):
         store.fetch(str(bundle.root))
@@ -184,3 +188,37 @@ def test_rebuild_after_resubmitting_5_percent_hashes_about_5_percent(tmp_path):
     assert snap.stats.bytes_hashed == 0
     share = (second.bytes_hashed + snap.stats.bytes_hashed) / snap.stats.bytes_total
     assert 0.02 < share < 0.08, share  # about 5% of the bytes, as for the items
+
+
+@pytest.mark.integration
+def test_concurrent_fetches_of_one_version_all_succeed_identically(tmp_path):
+    """8 processes fetch one version into one empty cache at the same moment, 20 rounds."""
+    workers, rounds = 8, 20
+    src = stage(
+        _table(0, 1000), tmp_path / "src", id_field="id", kind="input", rows_per_part=50,
+        version_id="v1",
+    )  # fmt: skip
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(workers), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=fetch_rounds,
+            args=(w, str(src.root), str(tmp_path / "cache"), rounds, barrier, results),
+        )
+        for w in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        seen = [results.get(timeout=600) for _ in range(workers * rounds)]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    errors = [s for s in seen if s[2] != "ok"]
+    assert errors == [], f"{len(errors)} of {workers * rounds} fetches failed: {errors[:5]}"
+    for r in range(rounds):
+        outcomes = {s[3] for s in seen if s[1] == r}
+        assert len(outcomes) == 1, f"round {r}: the workers saw {len(outcomes)} different views"
+        path, identity, _ = outcomes.pop()
+        assert json.loads(identity) == src.identity.model_dump()
+        assert path == str(tmp_path / "cache" / f"round-{r:02d}" / "bundles" / "v1")

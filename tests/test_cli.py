@@ -5,14 +5,19 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.bundle import format as fmt
+from pipeline.bundle.stage import stage
 from pipeline.bundle.verify import verify
 from pipeline.cli import _progress_bar, main
 from tests.helpers.bundles import input_table, make_input, result_table
@@ -174,22 +179,16 @@ def test_stage_prediction(tmp_path, capsys):
     assert verify(tmp_path / "p").manifest.input.version_id == "v1"
 
 
-def test_stage_bad_table_is_invalid_not_a_crash(tmp_path, capsys):
+def test_stage_duplicate_ids_name_the_input_file_and_exit_2(tmp_path, capsys):
     table = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"id": ["a", "a"]}), table)
-    argv = [
-        "stage",
-        str(table),
-        "--id-field",
-        "id",
-        "--kind",
-        "input",
-        "--out",
-        str(tmp_path / "o"),
-    ]
-    assert main(argv) == 1
-    assert "IdentifierError" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == [table]
+    pq.write_table(pa.table({"id": ["a", "b", "a"]}), table)
+    argv = ["stage", str(table), "--id-field", "id", "--kind", "input"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "DuplicateIds" in err
+    assert f"{table}: 1 id(s) in 'id' appear more than once" in err and "e.g. 'a'" in err
+    assert "staging" not in err
+    assert list(tmp_path.iterdir()) == [table]  # nothing left behind
 
 
 @pytest.mark.integration
@@ -231,20 +230,204 @@ def test_progress_bar_only_on_a_terminal():
     assert "verify" in term.getvalue()
 
 
-def test_stage_type_outside_the_vocabulary_is_a_usage_error(tmp_path, capsys):
+def _stage_column(tmp_path, column: pa.Array) -> list[str]:
+    """Stage ``id`` + column ``t``; return [exit code, stderr]."""
     table = tmp_path / "t.parquet"
-    ts = pa.array([0, 1], pa.timestamp("ns", tz="UTC"))
-    pq.write_table(pa.table({"id": ["a", "b"], "t": ts}), table, coerce_timestamps=None)
-    argv = [
-        "stage",
-        str(table),
-        "--id-field",
-        "id",
-        "--kind",
-        "input",
-        "--out",
-        str(tmp_path / "o"),
-    ]
-    assert main(argv) == 2
-    assert "v1 vocabulary" in capsys.readouterr().err
+    pq.write_table(pa.table({"id": [f"i{k}" for k in range(len(column))], "t": column}), table)
+    argv = ["stage", str(table), "--id-field", "id", "--kind", "input"]
+    return main([*argv, "--out", str(tmp_path / "o")])
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        (pa.array([0, 1], pa.timestamp("ns", tz="UTC")), "column 't'.*would lose data: 1"),
+        (pa.array([0, 1000], pa.timestamp("us")), "column 't'.*has no time zone"),
+        (pa.array([1], pa.decimal128(5, 2)), "column 't'.*decimal128.*not in the v1 vocabulary"),
+        (pa.array([[[1]]], pa.list_(pa.list_(pa.int64()))), "column 't'.*list of lists"),
+    ],
+)
+def test_stage_a_type_it_cannot_store_names_the_column(tmp_path, capsys, column, message):
+    assert _stage_column(tmp_path, column) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_stage_casts_timestamps_that_lose_nothing(tmp_path, capsys):
+    ns = pa.array([0, 1000], pa.timestamp("ns", tz="Europe/Berlin"))
+    assert _stage_column(tmp_path, ns) == 0
+    m = verify(tmp_path / "o").manifest
+    assert m.schema_.field("t").type == "timestamp[us,UTC]"
+    t = pq.read_table(tmp_path / "o" / fmt.part_path(0)).column("t")
+    assert t.cast(pa.int64()).to_pylist() == [0, 1]
+
+
+# -- untrusted text, empty bundles, JSON always ------------------------------------------------
+
+
+def test_inspect_an_empty_bundle(tmp_path, capsys):
+    stage(input_table(0), tmp_path / "e", id_field="id", kind="input")
+    assert main(["inspect", str(tmp_path / "e")]) == 0
+    out = capsys.readouterr().out
+    assert "items=0" in out and "(none)" in out
+
+
+def test_crafted_names_cannot_forge_a_valid_line(bundle, capsys):
+    (bundle / "x\nVALID elsewhere\n\x1b[2J\u202e").write_bytes(b"")
+    assert main(["verify", str(bundle)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("INVALID")
+    assert "x\\nVALID elsewhere\\n\\x1b[2J\\u202e" in lines[1]
+    assert not any(line.startswith("VALID") for line in lines)
+
+
+def test_crafted_manifest_text_is_escaped_by_inspect(tmp_path, capsys):
+    column = "c\nVALID elsewhere\x1b[2J"
+    table = input_table(3).append_column(column, pa.array([1, 2, 3]))
+    stage(table, tmp_path / "b", id_field="id", kind="input")
+    assert main(["inspect", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "c\\nVALID elsewhere\\x1b[2J" in out
+    assert "\x1b" not in out and not any(x.startswith("VALID") for x in out.splitlines())
+
+
+def test_verify_json_on_a_missing_path_is_json(tmp_path, capsys):
+    assert main(["verify", "--json", str(tmp_path / "nope")]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False and report["errors"][0]["type"] == "UsageError"
+
+
+def test_json_output_is_ascii_whatever_the_bundle_holds(bundle, capsys):
+    os.close(os.open(os.fsencode(bundle) + b"/\xff\xfe-\xc3\xa9", os.O_CREAT | os.O_WRONLY))
+    assert main(["verify", "--json", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    out.encode("ascii")
+    assert json.loads(out)["errors"][0]["path"] == "\\xff\\xfe-\u00e9"
+
+
+@pytest.mark.integration
+def test_a_strict_ascii_terminal_gets_escapes_not_a_traceback(bundle):
+    os.close(os.open(os.fsencode(bundle) + b"/\xff-\xc3\xa9", os.O_CREAT | os.O_WRONLY))
+    env = {**os.environ, "PYTHONIOENCODING": "ascii:strict"}
+    runs = {
+        cmd: subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", cmd, str(bundle)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        for cmd in ("verify", "inspect")
+    }
+    assert [r.returncode for r in runs.values()] == [1, 0]
+    assert not any("Traceback" in r.stderr for r in runs.values())
+    # the byte that is not UTF-8 named as \xff, the e-acute that ASCII cannot show as \xe9
+    assert "\\xff-\\xe9: file not bound" in runs["verify"].stdout
+
+
+# -- stage: input formats and exit codes -------------------------------------------------------
+
+
+def _schema_file(tmp_path, table: pa.Table) -> str:
+    from pipeline.bundle.manifest import Schema
+    from pipeline.bundle.sources import schema_file_text
+
+    path = tmp_path / "schema.json"
+    path.write_text(schema_file_text(Schema.from_arrow(table.schema)))
+    return str(path)
+
+
+def _write(table: pa.Table, path) -> None:
+    import pyarrow.csv as pcsv
+    import pyarrow.feather as feather
+
+    suffix = path.suffix
+    if suffix == ".feather":
+        feather.write_feather(table, path)
+    elif suffix == ".arrows":
+        with pa.ipc.new_stream(path, table.schema) as w:
+            w.write_table(table)
+    elif suffix == ".csv":
+        pcsv.write_csv(table, path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in table.to_pylist()))
+
+
+@pytest.mark.parametrize("name", ["t.feather", "t.arrows", "t.csv", "t.jsonl"])
+def test_stage_reads_every_input_format(tmp_path, capsys, name):
+    table = input_table(25).set_column(2, "y", pa.array([i / 4 for i in range(25)], pa.float64()))
+    _write(table, tmp_path / name)
+    argv = ["stage", str(tmp_path / name), "--id-field", "id", "--kind", "input"]
+    argv += ["--out", str(tmp_path / "b"), "--rows-per-part", "10"]
+    if name.endswith((".csv", ".jsonl")):
+        argv += ["--schema", _schema_file(tmp_path, table)]
+    assert main(argv) == 0, capsys.readouterr().err
+    snap = verify(tmp_path / "b")
+    got = pa.concat_tables(pq.read_table(p) for p in snap.part_paths())
+    assert got.to_pylist() == table.to_pylist()
+    assert [p.rows for p in snap.manifest.parts] == [10, 10, 5]
+
+
+def test_stage_text_without_a_schema_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "t.csv").write_text("id,x\na,1\n")
+    argv = ["stage", str(tmp_path / "t.csv"), "--id-field", "id", "--kind", "input"]
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "csv carries no types" in err and "--schema" in err and err.count("\n") == 1
+
+
+def test_stage_a_value_not_of_its_declared_type_names_file_and_column(tmp_path, capsys):
+    table = input_table(3)
+    (tmp_path / "t.csv").write_text('id,x,y\n"a",1,0.5\n"b",two,0.5\n')
+    argv = ["stage", str(tmp_path / "t.csv"), "--id-field", "id", "--kind", "input"]
+    argv += ["--schema", _schema_file(tmp_path, table), "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "t.csv" in err and "'two'" in err and err.count("\n") == 1
+    assert not (tmp_path / "b").exists()
+
+
+def _can_unshare() -> bool:
+    """Whether this machine lets an unprivileged process mount a small tmpfs of its own."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"],
+        capture_output=True,
+        timeout=30,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [("size=256k", "No space left on device"), ("ro", "Read-only file system")],
+)
+def test_stage_on_a_full_or_read_only_disk_exits_1_leaving_nothing(tmp_path, options, reason):
+    if not _can_unshare():
+        pytest.skip("needs `unshare -rm` (user and mount namespaces) to mount a real small tmpfs")
+    rng = np.random.default_rng(0)
+    n = 100_000
+    table = tmp_path / "t.parquet"
+    ids = pa.array([f"item-{i:06d}" for i in range(n)])
+    pq.write_table(pa.table({"id": ids, "x": rng.random(n)}), table)  # ~1 MB of floats
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    stage_cmd = " ".join(
+        shlex.quote(a)
+        for a in [sys.executable, "-m", "pipeline.cli", "stage", str(table), "--id-field", "id"]
+        + ["--kind", "input", "--out", f"{mnt}/new/b", "--rows-per-part", "10000"]
+    )
+    script = (
+        f"mount -t tmpfs -o {options} none {shlex.quote(str(mnt))} || exit 99; "
+        f"{stage_cmd}; rc=$?; echo LISTING; ls -A {shlex.quote(str(mnt))}; exit $rc"
+    )
+    run = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.count("\n") == 1 and reason in run.stderr, run.stderr
+    assert f"{mnt}/new" in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout.split("LISTING")[1].strip() == ""  # nothing left behind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ from pipeline.defs.samples import load, stage_sample
 from resources.compute.client import (
     ComputeError,
     ComputeUnavailable,
+    InvalidJobId,
     InvalidResubmission,
     JobSpec,
     UnknownJob,
@@ -25,6 +27,8 @@ from resources.compute.client import (
 from resources.compute.faults import FaultSpec, lost_items
 from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
+from resources.compute.worker import main as worker_main
+from resources.compute.worker import results_dir, run_attempt
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +255,63 @@ def test_per_item_failures_are_results_with_status_failed(tmp_path, digits):
     assert failed[fmt.CONFIDENCE_COLUMN].null_count == failed.num_rows
     assert failed["lithi_label"].null_count == failed.num_rows
     assert set(failed[fmt.VERIFICATION_COLUMN].to_pylist()) == {"not_run"}
+
+
+# -- job ids: one rule at every entry point --------------------------------------------------
+
+BAD_JOB_IDS = ["../../outside/evil", "../evil", "a/b", "", ".hidden", "x" * 129, "j\nk"]
+
+
+def _plant_outside(tmp_path, job_id: str) -> None:
+    """A job.json where ``jobs/<job_id>/`` would resolve to, outside the Compute root."""
+    record = {
+        "job_id": job_id,
+        "spec": {"input_url": "x", "reference_url": "y"},
+        "attempts": [{"number": 1, "token": "t"}],
+        "state": "SUCCEEDED",
+        "versions": ["v1"],
+    }
+    target = tmp_path / "compute" / "jobs" / job_id / "job.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("job_id", BAD_JOB_IDS)
+def test_a_job_id_that_is_not_one_path_segment_is_refused_everywhere(tmp_path, job_id):
+    compute = LocalCompute(tmp_path / "compute", executor="inline")
+    if job_id.startswith("../"):
+        _plant_outside(tmp_path, job_id)
+    calls = {
+        "status": lambda: compute.status(job_id),
+        "resubmit": lambda: compute.resubmit(job_id, from_version_id="v1", idempotency_key="k"),
+        "manifest_url": lambda: compute.manifest_url(job_id),
+        "manifest_url of a version": lambda: compute.manifest_url(job_id, "v1"),
+        "results_dir": lambda: results_dir(compute.root, job_id),
+        "run_attempt": lambda: run_attempt(compute.root, job_id, 1),
+        "job store": lambda: compute.jobs.load(job_id),
+    }
+    for name, call in calls.items():
+        with pytest.raises(InvalidJobId, match="is not valid"):
+            call()
+            pytest.fail(f"{name} accepted job id {job_id!r}")
+    assert worker_main([str(compute.root), job_id, "1"]) == 2
+    assert compute.list_jobs() == [] and compute.latest_job() is None
+
+
+def test_a_planted_record_under_another_name_is_refused(tmp_path):
+    compute = LocalCompute(tmp_path / "compute", executor="inline")
+    _plant_outside(tmp_path, "real")
+    data = json.loads((compute.jobs.jobs_dir / "real" / "job.json").read_text())
+    data["job_id"] = "../../outside/evil"
+    (compute.jobs.jobs_dir / "real" / "job.json").write_text(json.dumps(data))
+    with pytest.raises(ComputeError, match="records job '../../outside/evil', expected 'real'"):
+        compute.status("real")
+
+
+@pytest.mark.parametrize("version_id", ["../../x", "a/b", ""])
+def test_a_version_id_that_is_not_one_path_segment_is_refused(tmp_path, version_id):
+    compute = LocalCompute(tmp_path / "compute", executor="inline")
+    with pytest.raises(InvalidResubmission, match="not a valid version id"):
+        compute.resubmit("job-1", from_version_id=version_id, idempotency_key="k")
+    with pytest.raises(UnknownJob, match="not a valid version id"):
+        compute.manifest_url("job-1", version_id)

@@ -182,7 +182,7 @@ def test_mixed_problems_are_manifest_invalid_listing_each():
     assert "kind" in str(info.value) and "parts.0.path" in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["", "{", "[1, 2", b"\xff\xfe\x00"])
+@pytest.mark.parametrize("text", ["", "{", "[1, 2", '{"a": 1} x'])
 def test_not_json(text):
     with pytest.raises(ManifestInvalid, match="is not JSON"):
         parse_manifest(text)
@@ -213,3 +213,102 @@ def test_json_schema_describes_the_documented_fields():
     assert schema["$defs"]["SnapshotId"]["properties"]["content_sha256"]["pattern"] == (
         "^[0-9a-f]{64}$"
     )
+
+
+# -- strict parsing: a manifest is untrusted input ---------------------------------------------
+
+
+def _text(edit) -> bytes:
+    data = result_manifest()
+    edit(data)
+    return json.dumps(data).encode()
+
+
+def _nest(depth: int) -> bytes:
+    text = json.dumps(result_manifest())
+    return (text[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}").encode()
+
+
+HOSTILE = {
+    "string number": _text(lambda d: d["parts"][0].update(bytes="1034")),
+    "float number": _text(lambda d: d["parts"][0].update(rows=10.0)),
+    "manifest_version true": _text(lambda d: d.update(manifest_version=True)),
+    "manifest_version string": _text(lambda d: d.update(manifest_version="1")),
+    "nullable yes": _text(lambda d: d["schema"]["fields"][1].update(nullable="yes")),
+    "created_at epoch number": _text(lambda d: d.update(created_at=1_790_000_000)),
+    "created_at epoch text": _text(lambda d: d.update(created_at="1790000000")),
+    "count beyond int64": _text(lambda d: d["parts"][0].update(bytes=2**63)),
+    "5000-digit integer": json.dumps(result_manifest())
+    .replace('"bytes": 100', '"bytes": ' + "9" * 5000)
+    .encode(),
+    "200,000-deep nesting": _nest(200_000),
+    "list size beyond int32": _text(
+        lambda d: d["schema"]["fields"][1].update(type="fixed_size_list<int8,99999999999>")
+    ),
+    "list size of 5000 digits": _text(
+        lambda d: d["schema"]["fields"][1].update(type="fixed_size_list<int8," + "9" * 5000 + ">")
+    ),
+    "UTF-16": json.dumps(result_manifest()).encode("utf-16"),
+    "UTF-32": json.dumps(result_manifest()).encode("utf-32"),
+    "UTF-8 byte-order mark": b"\xef\xbb\xbf" + json.dumps(result_manifest()).encode(),
+    "Latin-1 byte": _text(lambda d: d["job"].update(job_id="caf\u00e9")).replace(
+        b"\\u00e9", b"\xe9"
+    ),
+    "duplicate key": json.dumps(result_manifest())
+    .replace('"kind": "result"', '"kind": "input", "kind": "result"')
+    .encode(),
+    "lone surrogate": _text(lambda d: d["job"].update(job_id="x")).replace(
+        b'"job_id": "x"', b'"job_id": "\\ud800"'
+    ),
+    "version_id traversal": _text(lambda d: d["snapshot"].update(version_id="../../etc/x")),
+    "version_id empty": _text(lambda d: d["snapshot"].update(version_id="")),
+    "version_id with a newline": _text(lambda d: d["snapshot"].update(version_id="v\nVALID")),
+    "name too long": _text(lambda d: d["job"].update(job_id="j" * 5000)),
+    "NaN": json.dumps(result_manifest()).replace('"rows": 10', '"rows": NaN', 1).encode(),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_manifest_text_is_refused_with_one_line(name):
+    with pytest.raises(ManifestInvalid) as info:
+        parse_manifest(HOSTILE[name])
+    message = str(info.value)
+    assert fmt.MANIFEST_NAME in message and "\n" not in message and len(message) < 2000
+
+
+def test_the_valid_text_behind_the_hostile_cases_parses():
+    # The cases above are refused for what was changed, not for something else.
+    assert parse_manifest(_text(lambda d: None)).counts.items == 20
+    assert parse_manifest(json.dumps(result_manifest()).encode("utf-8")).kind == "result"
+
+
+def test_errors_say_what_was_expected_and_found():
+    with pytest.raises(ManifestInvalid, match=r"parts\.0\.bytes: .*integer.*found \"1034\""):
+        parse_manifest(HOSTILE["string number"])
+    with pytest.raises(ManifestInvalid, match="key 'kind' appears twice"):
+        parse_manifest(HOSTILE["duplicate key"])
+    with pytest.raises(ManifestInvalid, match="not UTF-8.*UTF-16 or UTF-32"):
+        parse_manifest(HOSTILE["UTF-16"])
+    with pytest.raises(ManifestInvalid, match="found a 16610-bit integer|not JSON"):
+        parse_manifest(HOSTILE["5000-digit integer"])
+
+
+def test_a_manifest_larger_than_the_limit_is_refused_unread(monkeypatch):
+    monkeypatch.setattr(fmt, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(ManifestInvalid, match="expected at most 1000"):
+        parse_manifest(json.dumps(result_manifest()))
+
+
+def test_a_valid_column_beside_its_nullable_base_is_refused_naming_both():
+    def add(d):
+        d["schema"]["fields"].insert(2, {"name": "x", "type": "int64", "nullable": True})
+        d["schema"]["fields"].insert(3, {"name": "x__valid", "type": "bool", "nullable": False})
+
+    with pytest.raises(ManifestInvalid, match="'x__valid'.*nullable column 'x'"):
+        parse_manifest(_text(add))
+
+    def non_null_base(d):
+        add(d)
+        d["schema"]["fields"][2]["nullable"] = False
+
+    assert "x__valid" in parse_manifest(_text(non_null_base)).schema_.names

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from datetime import UTC
@@ -23,7 +25,9 @@ from pipeline.bundle.errors import (
     BundleExists,
     CountMismatch,
     DigestMismatch,
+    DuplicateIds,
     IdentifierError,
+    SchemaMismatch,
     StatusMismatch,
 )
 from pipeline.bundle.manifest import JobInfo, Schema
@@ -405,3 +409,122 @@ def test_a_reused_part_is_hashed_and_a_corrupt_one_refused(tmp_path):
         )
     assert not (tmp_path / "v2").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["v1"]  # nothing half-written left behind
+
+
+# -- hardening: read-only files, one version-id rule, refusals before writing, no leftovers ------
+
+
+def _modes(root: Path) -> set[int]:
+    return {stat.S_IMODE(p.lstat().st_mode) for p in root.rglob("*") if p.is_file()}
+
+
+def test_every_staged_file_is_read_only_and_shared_links_stay_so(tmp_path):
+    old = make_result(tmp_path / "v1", n=20, rows_per_part=10, outstanding=["late-1"])
+    assert _modes(old.root) == {0o444}
+    new = stage(
+        result_table(21).slice(20),
+        tmp_path / "v2",
+        id_field="id",
+        kind="result",
+        job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2),
+        input=INPUT_REF,
+        reuse_parts=[ReusedPart(old.root, e) for e in old.manifest.parts],
+    )
+    assert _modes(new.root) == {0o444}
+    shared = new.part_paths()[0]
+    assert os.path.samefile(shared, old.part_paths()[0]) and shared.stat().st_nlink == 2
+
+
+@pytest.mark.parametrize(
+    "version_id", ["", "../../etc/x", "a/b", ".hidden", "-x", "x" * 201, "v\nVALID", "caf\u00e9"]
+)
+def test_a_bad_version_id_is_refused_before_writing_by_the_shared_rule(tmp_path, version_id):
+    with pytest.raises(ValueError, match="not a valid version id") as info:
+        stage(input_table(3), tmp_path / "b", id_field="id", kind="input", version_id=version_id)
+    with pytest.raises(ValueError) as rule:
+        fmt.check_version_id(version_id)
+    assert str(info.value) == str(rule.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("version_id", ["v1", "job-1-a001-0f3c9a2e", "x" * 200, "A.b_c-9"])
+def test_a_good_version_id_is_kept(tmp_path, version_id):
+    snap = stage(input_table(3), tmp_path / "b", id_field="id", kind="input", version_id=version_id)
+    assert snap.identity.version_id == version_id
+
+
+def test_a_result_table_without_the_lithi_columns_names_them(tmp_path):
+    with pytest.raises(SchemaMismatch, match="missing lithi_status, lithi_confidence, lithi_veri"):
+        stage(
+            input_table(3),
+            tmp_path / "r",
+            id_field="id",
+            kind="result",
+            job=JobInfo(job_id="j", status="SUCCEEDED", attempt=1),
+            input=INPUT_REF,
+            source="t.parquet",
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_valid_column_beside_its_nullable_base_is_refused_naming_both(tmp_path):
+    t = input_table(3).append_column("y__valid", pa.array([True, False, True]))
+    with pytest.raises(SchemaMismatch, match="'y__valid'.*nullable column 'y'"):
+        stage(t, tmp_path / "b", id_field="id", kind="input")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_duplicate_ids_are_named_in_the_source_not_the_staging_directory(tmp_path):
+    t = input_table(6).set_column(0, "id", pa.array(["a", "b", "c", "d", "e", "a"]))
+    with pytest.raises(DuplicateIds) as info:
+        stage(t, tmp_path / "b", id_field="id", kind="input", rows_per_part=4, source="in.csv")
+    assert str(info.value) == (
+        "in.csv: 1 id(s) in 'id' appear more than once (expected each exactly once), e.g. 'a'"
+    )
+
+
+@pytest.mark.parametrize("errno_", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_an_io_failure_leaves_nothing_behind_not_even_new_parents(tmp_path, monkeypatch, errno_):
+    real = pq.ParquetWriter.write_table
+    calls = []
+
+    def failing(self, table, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first part is written; the second hits the failure
+            raise OSError(errno_, os.strerror(errno_))
+        return real(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
+    dest = tmp_path / "new" / "deeper" / "b"
+    with pytest.raises(OSError) as info:
+        stage(input_table(30), dest, id_field="id", kind="input", rows_per_part=10)
+    assert info.value.errno == errno_
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_parents_it_created_are_removed(tmp_path):
+    (tmp_path / "mine").mkdir()
+    t = input_table(3).set_column(0, "id", pa.array(["a", "a", "b"]))
+    with pytest.raises(DuplicateIds):
+        stage(t, tmp_path / "mine" / "x" / "b", id_field="id", kind="input")
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("column", "declared"),
+    [
+        (pa.array(["a", None], pa.large_string()), "string"),
+        (pa.array([b"a", None], pa.large_binary()), "binary"),
+        (pa.array([[1], None], pa.large_list(pa.int64())), "list<int64>"),
+        (pa.array(["a", "b"]).dictionary_encode(), "string"),
+        (pa.array([1_000, None], pa.timestamp("ns", tz="UTC")), "timestamp[us,UTC]"),
+        (pa.array([1, None], pa.timestamp("s", tz="Asia/Tokyo")), "timestamp[us,UTC]"),
+    ],
+)
+def test_source_types_become_their_v1_type(tmp_path, column, declared):
+    t = pa.table({"id": ["a", "b"], "c": column})
+    snap = stage(t, tmp_path / "b", id_field="id", kind="input")
+    assert snap.manifest.schema_.field("c").type == declared
+    got = pq.read_table(snap.part_paths()[0]).column("c")
+    assert got.to_pylist() == column.cast(fmt.to_arrow(declared)).to_pylist()

@@ -13,6 +13,7 @@ from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     DigestMismatch,
+    DuplicateIds,
     IdentifierError,
     IncompleteBundle,
     ManifestInvalid,
@@ -22,17 +23,22 @@ from pipeline.bundle.errors import (
     SizeMismatch,
     StatusMismatch,
     UnboundFile,
+    UnreadableFile,
     UnsafePath,
 )
-from pipeline.bundle.verify import check, verify
+from pipeline.bundle.verify import MAX_LISTED, check, verify
 from tests.helpers.bundles import (
     error_types,
+    footer_says,
     load_manifest,
     make_input,
     make_result,
+    nest,
     rebind,
     rewrite_part,
     save_manifest,
+    unnest,
+    write_bytes,
 )
 
 P0, P1 = fmt.part_path(0), fmt.part_path(1)
@@ -169,7 +175,7 @@ def test_duplicate_id_across_parts(bundle):
     ids[4] = "item-00002"  # lives in part 0
     t = t.set_column(0, t.schema.field(0), pa.array(ids, pa.string()))
     rewrite_part(bundle, P1, t)
-    assert_only(bundle, IdentifierError, match=r"1 id\(s\) in 'id' appear more than once")
+    assert_only(bundle, DuplicateIds, match=r"1 id\(s\) in 'id' appear more than once")
     msg = str(check(bundle)[1][0])
     assert "'item-00002'" in msg and P0 in msg and P1 in msg
 
@@ -179,7 +185,7 @@ def test_duplicate_id_between_parts_and_outstanding(tmp_path):
     make_result(b, n=9, rows_per_part=5, outstanding=["late-1"])
     t = pa.table({"id": pa.array(["item-00003"], pa.string())})  # item-00003 is in part 0
     rewrite_part(b, fmt.OUTSTANDING_NAME, t.cast(pa.schema([pa.field("id", pa.string(), False)])))
-    assert_only(b, IdentifierError, match="appear more than once")
+    assert_only(b, DuplicateIds, match="appear more than once")
     assert "outstanding.parquet" in str(check(b)[1][0])
 
 
@@ -245,7 +251,7 @@ def test_not_a_directory(tmp_path):
 
 
 def test_manifest_not_json(bundle):
-    (bundle / fmt.MANIFEST_NAME).write_text('{"manifest_version": 1, ')
+    write_bytes(bundle / fmt.MANIFEST_NAME, b'{"manifest_version": 1, ')
     assert_only(bundle, ManifestInvalid, match="is not JSON")
 
 
@@ -322,9 +328,96 @@ def test_unreadable_parquet_with_matching_digest_is_reported_not_raised(bundle):
     p = bundle / P0
     data = bytearray(p.read_bytes())
     data[8:200] = b"\xff" * 192  # wreck the first data pages, keep the footer
-    p.write_bytes(bytes(data))
+    write_bytes(p, bytes(data))
     rebind(bundle)
     types = error_types(bundle)
     assert types and all(issubclass(t, BundleError) for t in types)
     with pytest.raises(BundleError):
         verify(bundle)
+
+
+def test_footer_row_count_must_match_its_row_groups(tmp_path):
+    b = tmp_path / "b"
+    make_input(b, n=8, rows_per_part=4)
+    footer_says(b / P0, 3)  # the row group still holds 4 rows, and pyarrow reads 4
+    m = rebind(b)
+    m["parts"][0]["rows"] = 3
+    m["counts"]["items"] = 7
+    save_manifest(b, m)
+    assert pq.read_table(b / P0).num_rows == 4
+    assert_only(b, RowCountMismatch, match="footer says 3 rows, its row groups hold 4")
+
+
+def test_deeply_nested_unbound_directories_are_one_violation(bundle):
+    nest(bundle / "deep", 1200)  # os.walk recursed once a level: a RecursionError
+    try:
+        _, errors, _ = check(bundle)
+    finally:
+        unnest(bundle / "deep")  # shutil.rmtree recurses too
+    assert [type(e) for e in errors] == [UnboundFile]
+    assert errors[0].path == "deep"
+
+
+def test_parts_as_a_file_is_reported_not_raised(bundle):
+    for p in (bundle / "parts").iterdir():
+        p.unlink()
+    (bundle / "parts").rmdir()
+    (bundle / "parts").write_bytes(b"x")
+    assert error_types(bundle) == [UnboundFile, MissingFile, MissingFile, MissingFile]
+
+
+def test_a_bound_directory_where_a_part_should_be(bundle):
+    (bundle / P0).unlink()
+    (bundle / P0).mkdir()
+    types = error_types(bundle)
+    assert types == [UnboundFile, UnsafePath]
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_manifest_that_is_not_a_regular_file(bundle, kind):
+    (bundle / fmt.MANIFEST_NAME).unlink()
+    if kind == "directory":
+        (bundle / fmt.MANIFEST_NAME).mkdir()
+    else:
+        os.mkfifo(bundle / fmt.MANIFEST_NAME)  # opened without blocking, then refused
+    _, errors, _ = check(bundle)
+    assert [type(e) for e in errors] == [UnsafePath]
+    assert "must be a regular file" in str(errors[0])
+
+
+def test_a_huge_manifest_is_refused_by_its_size(bundle):
+    with open(bundle / fmt.MANIFEST_NAME, "r+b") as f:
+        f.truncate(fmt.MAX_MANIFEST_BYTES + 1)  # sparse: costs no disk
+    assert_only(bundle, ManifestInvalid, match=f"expected at most {fmt.MAX_MANIFEST_BYTES}")
+
+
+def test_many_unbound_files_are_listed_up_to_a_bound(bundle):
+    for i in range(MAX_LISTED + 5):
+        (bundle / f"stray-{i:05d}").write_bytes(b"")
+    _, errors, _ = check(bundle)
+    assert len(errors) == MAX_LISTED + 1
+    assert "5 more unbound entries" in str(errors[-1])
+
+
+def test_a_non_utf8_file_name_is_named_with_escapes(bundle):
+    os.close(os.open(os.fsencode(bundle) + b"/stray-\xff", os.O_CREAT | os.O_WRONLY))
+    _, errors, _ = check(bundle)
+    assert [type(e) for e in errors] == [UnboundFile]
+    assert errors[0].path == "stray-\\xff"
+    str(errors[0]).encode("utf-8")  # printable anywhere: no surrogate left in the message
+
+
+def test_an_unreadable_part_is_a_violation(bundle, monkeypatch):
+    import pipeline.bundle.digest as digest
+
+    real = digest.sha256_file
+
+    def failing(path, on_bytes=None):
+        if str(path).endswith(P1):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, on_bytes)
+
+    monkeypatch.setattr(digest, "sha256_file", failing)
+    _, errors, _ = check(bundle)
+    assert [type(e) for e in errors] == [UnreadableFile]
+    assert P1 in str(errors[0]) and "Permission denied" in str(errors[0])

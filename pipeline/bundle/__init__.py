@@ -10,6 +10,7 @@ from pipeline.bundle.errors import (
     BundleExists,
     CountMismatch,
     DigestMismatch,
+    DuplicateIds,
     IdentifierError,
     IncompleteBundle,
     ManifestInvalid,
@@ -20,6 +21,7 @@ from pipeline.bundle.errors import (
     SizeMismatch,
     StatusMismatch,
     UnboundFile,
+    UnreadableFile,
     UnsafePath,
 )
 from pipeline.bundle.manifest import (
@@ -49,6 +51,7 @@ __all__ = [
     "CountMismatch",
     "Counts",
     "DigestMismatch",
+    "DuplicateIds",
     "FileEntry",
     "IdentifierError",
     "IncompleteBundle",
@@ -67,6 +70,7 @@ __all__ = [
     "SnapshotId",
     "StatusMismatch",
     "UnboundFile",
+    "UnreadableFile",
     "UnsafePath",
     "VerifiedSnapshot",
     "VerifyStats",

@@ -65,21 +65,33 @@ def sha256_files(
     *,
     workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    return_errors: bool = False,
 ) -> list[str]:
     """Hash many files in parallel threads, returning digests in the order of ``paths``.
 
     sha256 of one file is sequential, so parallelism is across files: largest first, so the
-    last file to finish is a small one and no core idles through a long tail.
+    last file to finish is a small one and no core idles through a long tail. With
+    ``return_errors`` a file that cannot be read yields its ``OSError`` in its place instead of
+    raising, so a verification can report it beside the others.
     """
     if not paths:
         return []
+
+    def one(p: str | os.PathLike[str]) -> str | OSError:
+        try:
+            return sha256_file(p, on_bytes)
+        except OSError as e:
+            if not return_errors:
+                raise
+            return e
+
     workers = workers or min(len(paths), cpu_count())
     if workers <= 1:
-        return [sha256_file(p, on_bytes) for p in paths]
+        return [one(p) for p in paths]  # type: ignore[misc]
     order = sorted(range(len(paths)), key=lambda i: -_size(paths[i]))
-    digests: list[str] = [""] * len(paths)
+    digests: list = [""] * len(paths)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sha256") as pool:
-        futures = {pool.submit(sha256_file, paths[i], on_bytes): i for i in order}
+        futures = {pool.submit(one, paths[i]): i for i in order}
         for fut, i in futures.items():
             digests[i] = fut.result()
     return digests

@@ -31,6 +31,10 @@ class MissingFile(BundleError):
     """A file the manifest binds is not in the bundle."""
 
 
+class UnreadableFile(BundleError):
+    """A bound file or a directory of the bundle exists but cannot be read (permission, I/O)."""
+
+
 class UnboundFile(BundleError):
     """A file is in the bundle directory but the manifest does not bind it."""
 
@@ -53,6 +57,22 @@ class SchemaMismatch(BundleError):
 
 class IdentifierError(BundleError):
     """An item id is null, not a string, or appears more than once in the bundle."""
+
+
+class DuplicateIds(IdentifierError):
+    """Some ids appear more than once across the parts and the outstanding list."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        count: int = 0,
+        examples: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.count = count
+        self.examples = list(examples or [])
 
 
 class CountMismatch(BundleError):

@@ -16,6 +16,37 @@ MANIFEST_NAME = "result-manifest.json"
 PARTS_DIR = "parts"
 OUTSTANDING_NAME = "outstanding.parquet"
 MANIFEST_VERSION = 1
+#: The largest manifest read: 100,000 part entries take about 20 MB, so anything bigger is hostile.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: Every count and size is a Parquet/Arrow int64.
+MAX_COUNT = 2**63 - 1
+#: ``fixed_size_list<T,N>``: Arrow stores ``N`` as an int32.
+MAX_LIST_SIZE = 2**31 - 1
+
+#: The readers add ``<name>__valid`` (a null mask) beside every nullable column ``<name>``, so a
+#: declared column of that name would collide with it.
+VALID_SUFFIX = "__valid"
+
+#: A version id is one safe path segment: the bundle cache keeps ``bundles/<version_id>/``, the
+#: local Compute ``results/<job>/<version_id>/``, and staging names ``.<name>.staging-<random>``;
+#: 200 characters leave room for those prefixes and suffixes within a 255-byte file name.
+VERSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+_VERSION_ID_RE = re.compile(VERSION_ID_PATTERN)
+
+
+def check_version_id(value: object, *, what: str = "version_id") -> str:
+    """Return ``value`` if it is a valid version id, else raise ``ValueError`` saying why.
+
+    The one rule for version ids, shared by the manifest model, ``stage`` and the bundle cache,
+    so an id that could name a path outside its directory is refused wherever it enters.
+    """
+    if not isinstance(value, str) or not _VERSION_ID_RE.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r:.80} is not a valid version id: expected 1-200 characters from "
+            "[A-Za-z0-9._-], starting with a letter or digit (it names a directory)"
+        )
+    return value
+
 
 #: Namespaced result columns every result bundle carries.
 LITHI_PREFIX = "lithi_"
@@ -79,7 +110,8 @@ SCALAR_TYPES = tuple(_SCALARS)
 
 # The element may itself contain a comma (``timestamp[us,UTC]``); it is checked to be a scalar.
 _LIST_RE = re.compile(r"^list<(?P<t>.+)>$")
-_FIXED_RE = re.compile(r"^fixed_size_list<(?P<t>.+),(?P<n>[1-9]\d*)>$")
+# At most 10 digits: a longer size is refused before ``int()`` ever sees it.
+_FIXED_RE = re.compile(r"^fixed_size_list<(?P<t>.+),(?P<n>[1-9]\d{0,9})>$")
 
 
 class UnknownType(ValueError):
@@ -94,7 +126,13 @@ def to_arrow(type_name: str) -> pa.DataType:
     if m := _LIST_RE.match(type_name):
         return pa.list_(_scalar(m["t"], type_name))
     if m := _FIXED_RE.match(type_name):
-        return pa.list_(_scalar(m["t"], type_name), int(m["n"]))
+        size = int(m["n"])
+        if size > MAX_LIST_SIZE:
+            raise UnknownType(
+                f"type {type_name!r}: list size {size} exceeds the largest Arrow list size "
+                f"{MAX_LIST_SIZE}"
+            )
+        return pa.list_(_scalar(m["t"], type_name), size)
     raise UnknownType(
         f"type {type_name!r} is not in the v1 vocabulary "
         f"({', '.join(SCALAR_TYPES)}, list<T>, fixed_size_list<T,N>)"

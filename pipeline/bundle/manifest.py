@@ -3,11 +3,16 @@
 The manifest is the only complete-bundle marker and binds every file, count and schema. The
 models below enforce every rule that can be checked from the manifest alone; the rules that
 need the files (digests, row counts, Parquet schemas, id uniqueness) live in ``verify``.
+
+A manifest is untrusted input: :func:`parse_manifest` reads it in pydantic strict mode (no
+``"1034"`` for a number, no ``true`` for ``1``, no epoch number for a date), as UTF-8 only, with
+its size, nesting, string lengths, list lengths and integers bounded, and duplicate keys refused.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
@@ -38,7 +43,16 @@ from pipeline.bundle.errors import (
 )
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+#: Names, ids and references: non-empty and bounded (a manifest is read before anything is trusted).
+NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+#: See :func:`pipeline.bundle.format.check_version_id`: one path segment, the rule the cache uses.
+VersionId = Annotated[str, StringConstraints(pattern=fmt.VERSION_ID_PATTERN)]
+#: Counts, sizes and attempts are Parquet/Arrow int64 values.
+Count = Annotated[int, Field(ge=0, le=fmt.MAX_COUNT)]
+Positive = Annotated[int, Field(ge=1, le=fmt.MAX_COUNT)]
+#: Parts are numbered 00000..99999; columns are bounded generously but bounded.
+MAX_PARTS = 100_000
+MAX_COLUMNS = 100_000
 Kind = Literal["input", "result", "prediction"]
 #: How the Compute job that produced a result version ended (unlike a job's live state).
 ResultStatus = Literal["SUCCEEDED", "PARTIAL", "FAILED"]
@@ -51,7 +65,7 @@ class _Model(BaseModel):
 class SnapshotId(_Model):
     """The identity to pin in an experiment record: which version, which exact bytes."""
 
-    version_id: NonEmpty
+    version_id: VersionId
     content_sha256: Sha256
 
 
@@ -59,7 +73,7 @@ class NextAction(_Model):
     """What a PARTIAL job asks of its caller: resubmit the outstanding items."""
 
     action: Literal["resubmit_outstanding"]
-    items: int = Field(ge=1)
+    items: Positive
 
 
 class JobInfo(_Model):
@@ -67,15 +81,15 @@ class JobInfo(_Model):
 
     job_id: NonEmpty
     status: ResultStatus
-    attempt: int = Field(ge=1)
-    parent_version_id: NonEmpty | None = None
+    attempt: Positive
+    parent_version_id: VersionId | None = None
     next_action: NextAction | None = None
 
 
 class InputRef(_Model):
     """The snapshot this bundle derives from, and the credential reference used to read it."""
 
-    version_id: NonEmpty
+    version_id: VersionId
     content_sha256: Sha256
     credential_ref: NonEmpty | None = None
 
@@ -89,7 +103,7 @@ class SchemaField(_Model):
     """One declared column: its name, its vocabulary type, and whether it may hold nulls."""
 
     name: NonEmpty
-    type: str
+    type: Annotated[str, StringConstraints(max_length=64)]
     nullable: bool
 
     @field_validator("type")
@@ -107,7 +121,7 @@ class SchemaField(_Model):
 class Schema(_Model):
     """Declared columns, in column order."""
 
-    fields: list[SchemaField] = Field(min_length=1)
+    fields: list[SchemaField] = Field(min_length=1, max_length=MAX_COLUMNS)
 
     @field_validator("fields")
     @classmethod
@@ -117,6 +131,15 @@ class Schema(_Model):
             if f.name in seen:
                 raise ValueError(f"column {f.name!r} is declared twice")
             seen.add(f.name)
+        # The readers add ``x__valid`` beside a nullable ``x``: a declared one would collide.
+        nullable = {f.name for f in v if f.nullable}
+        for f in v:
+            base = f.name.removesuffix(fmt.VALID_SUFFIX)
+            if f.name.endswith(fmt.VALID_SUFFIX) and base in nullable:
+                raise ValueError(
+                    f"column {f.name!r} collides with the null mask the readers add for the "
+                    f"nullable column {base!r}; rename {f.name!r} or declare {base!r} non-null"
+                )
         return v
 
     @property
@@ -151,8 +174,8 @@ class FileEntry(_Model):
 
     path: NonEmpty
     sha256: Sha256
-    bytes: int = Field(ge=0)
-    rows: int = Field(ge=0)
+    bytes: Count
+    rows: Count
 
     @field_validator("path")
     @classmethod
@@ -172,11 +195,11 @@ class FileEntry(_Model):
 class Counts(_Model):
     """Item counts; result bundles add accepted/failed/abstained (summing to items), outstanding."""
 
-    items: int = Field(ge=0)
-    accepted: int | None = Field(default=None, ge=0)
-    failed: int | None = Field(default=None, ge=0)
-    abstained: int | None = Field(default=None, ge=0)
-    outstanding: int | None = Field(default=None, ge=0)
+    items: Count
+    accepted: Count | None = None
+    failed: Count | None = None
+    abstained: Count | None = None
+    outstanding: Count | None = None
 
     @model_serializer(mode="wrap")
     def _only_present(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -199,7 +222,7 @@ class Manifest(_Model):
     input: InputRef | None
     item_id_field: NonEmpty
     schema_: Schema = Field(alias="schema")
-    parts: list[FileEntry]
+    parts: list[FileEntry] = Field(max_length=MAX_PARTS)
     outstanding: FileEntry | None
     counts: Counts
     created_at: AwareDatetime
@@ -207,6 +230,28 @@ class Manifest(_Model):
     @field_serializer("created_at")
     def _rfc3339(self, v: datetime) -> str:
         return v.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    @field_validator("manifest_version", mode="before")
+    @classmethod
+    def _an_integer(cls, v: object) -> object:
+        # ``Literal[1]`` alone accepts ``true`` (True == 1 in Python), even in strict mode.
+        if isinstance(v, bool):
+            raise ValueError("manifest_version must be the integer 1, not a boolean")
+        return v
+
+    @field_validator("created_at", mode="before")
+    @classmethod
+    def _rfc3339_text(cls, v: object) -> object:
+        # Strict mode still reads "1700000000" as an epoch; only RFC 3339 text is a v1 date. The
+        # text is parsed here: the strict datetime validator then receives a datetime.
+        if isinstance(v, str):
+            if not _RFC3339.fullmatch(v):
+                raise ValueError(
+                    "created_at must be RFC 3339 text with a UTC timezone, like "
+                    "2026-09-05T12:00:00.000001Z"
+                )
+            return datetime.fromisoformat(v)
+        return v
 
     @field_validator("created_at")
     @classmethod
@@ -312,6 +357,9 @@ class Manifest(_Model):
         return self.model_dump_json(by_alias=True, indent=2) + "\n"
 
 
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})")
+
+
 def _count(msg: str) -> PydanticCustomError:
     return PydanticCustomError("count_mismatch", msg)
 
@@ -328,29 +376,101 @@ _ERROR_TYPES = {
 
 
 def parse_manifest(text: str | bytes, *, path: str = fmt.MANIFEST_NAME) -> Manifest:
-    """Parse and validate manifest text, raising :class:`ManifestInvalid` naming every problem."""
+    """Parse and validate manifest text strictly; raise a :class:`BundleError` naming each problem.
+
+    The text is untrusted: it must be UTF-8 (no byte-order mark), at most
+    ``MAX_MANIFEST_BYTES``, JSON without duplicate keys or non-finite numbers, and satisfy the v1
+    model in pydantic strict mode (JSON types exactly as declared, every integer in int64 range).
+    Nesting is bounded by pydantic's JSON parser, so no input can exhaust the stack.
+    """
+    if isinstance(text, str):
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ManifestInvalid(f"{path} is not UTF-8 text: {e.reason}", path=path) from None
+    else:
+        data = bytes(text)
+    if len(data) > fmt.MAX_MANIFEST_BYTES:
+        raise ManifestInvalid(
+            f"{path}: {len(data)} bytes, expected at most {fmt.MAX_MANIFEST_BYTES}", path=path
+        )
+    _require_utf8(data, path)
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ManifestInvalid(f"{path} is not JSON: {e}", path=path) from None
-    try:
-        return Manifest.model_validate(data)
+        manifest = Manifest.model_validate_json(data, strict=True)
     except ValidationError as e:
+        json_errors = [err for err in e.errors() if err["type"] == "json_invalid"]
+        if json_errors:
+            reason = json_errors[0]["msg"].removeprefix("Invalid JSON: ")
+            raise ManifestInvalid(f"{path} is not JSON: {reason}", path=path) from None
         raise bundle_error(e, path=path) from None
+    _refuse_duplicate_keys(data, path)
+    return manifest
+
+
+def _require_utf8(data: bytes, path: str) -> None:
+    """Refuse anything but UTF-8 without a byte-order mark (``json.loads`` guesses UTF-16/32)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise ManifestInvalid(
+            f"{path} starts with a UTF-8 byte-order mark; expected UTF-8 without one", path=path
+        )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        hint = " (it looks like UTF-16 or UTF-32)" if b"\x00" in data[:4] else ""
+        raise ManifestInvalid(
+            f"{path} is not UTF-8: byte {e.start} is {data[e.start : e.start + 1]!r}{hint}",
+            path=path,
+        ) from None
+
+
+def _refuse_duplicate_keys(data: bytes, path: str) -> None:
+    """Refuse a key given twice in one object: parsers disagree on which one wins.
+
+    Runs only after the strict model accepted the text, so the document is known to be small in
+    depth and free of huge numbers; Python's parser is safe on it.
+    """
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise ManifestInvalid(f"{path}: key {key!r} appears twice in one object", path=path)
+            seen.add(key)
+        return dict(items)
+
+    def no_constant(name: str) -> None:
+        raise ManifestInvalid(f"{path} is not JSON: {name} is not a JSON number", path=path)
+
+    json.loads(data, object_pairs_hook=pairs, parse_constant=no_constant)
 
 
 def bundle_error(e: ValidationError, *, path: str = fmt.MANIFEST_NAME) -> BundleError:
     """Turn a manifest ``ValidationError`` into the most specific :class:`BundleError`.
 
     A single kind of problem (a count, the PARTIAL rule, an unsafe path) gets its own class so
-    callers can tell them apart; a mix of problems is a plain :class:`ManifestInvalid`.
+    callers can tell them apart; a mix of problems is a plain :class:`ManifestInvalid`. Each
+    problem names its field, what was expected and what was found.
     """
     problems = "; ".join(
-        f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors()
+        f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}{_found(err)}"
+        for err in e.errors()
     )
     kinds = {_ERROR_TYPES.get(err["type"], ManifestInvalid) for err in e.errors()}
     cls = kinds.pop() if len(kinds) == 1 else ManifestInvalid
     return cls(f"{path} does not satisfy manifest v1: {problems}", path=path)
+
+
+def _found(err: dict) -> str:
+    """`` (found <value>)`` for a scalar input, shortened; nothing for objects and lists."""
+    value = err.get("input")
+    if err["type"] in _ERROR_TYPES or isinstance(value, (dict, list)):
+        return ""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f" (found a {value.bit_length()}-bit integer)"
+    text = json.dumps(value) if isinstance(value, (str, bool, int, float, type(None))) else ""
+    if not text or text in err["msg"]:
+        return ""
+    return f" (found {text[:60]}{'...' if len(text) > 60 else ''})"
 
 
 def json_schema() -> dict:

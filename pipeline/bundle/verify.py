@@ -8,6 +8,7 @@ ids non-null and unique across parts and the outstanding list; status counts; ``
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -27,14 +28,17 @@ from pipeline.bundle.errors import (
     BundleError,
     CountMismatch,
     DigestMismatch,
+    DuplicateIds,
     IdentifierError,
     IncompleteBundle,
+    ManifestInvalid,
     MissingFile,
     NotVerified,
     RowCountMismatch,
     SchemaMismatch,
     SizeMismatch,
     UnboundFile,
+    UnreadableFile,
     UnsafePath,
 )
 from pipeline.bundle.ids import duplicates, id_hashes
@@ -143,57 +147,142 @@ def check(
 
 
 def read_manifest(root: Path) -> Manifest:
-    """Read and validate ``result-manifest.json``; no manifest means the bundle is incomplete."""
-    if not root.is_dir():
+    """Read and validate ``result-manifest.json``; no manifest means the bundle is incomplete.
+
+    The manifest is opened without following a symlink and without blocking on a FIFO, must be a
+    regular file, and is read only up to ``MAX_MANIFEST_BYTES`` (see :func:`parse_manifest`).
+    """
+    root = Path(root)
+    try:
+        is_dir = stat.S_ISDIR(os.stat(root).st_mode)
+    except (OSError, ValueError):  # missing, not a directory, a name too long, a NUL byte
+        is_dir = False
+    if not is_dir:
         raise IncompleteBundle(f"{root}: not a bundle directory", path=str(root))
     mpath = root / fmt.MANIFEST_NAME
     try:
-        st = mpath.lstat()
+        fd = os.open(mpath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise IncompleteBundle(
             f"bundle incomplete: {root} has no {fmt.MANIFEST_NAME}; part files alone never mean "
             "the job finished",
             path=str(root),
         ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePath(
-            f"{mpath}: the manifest must be a regular file, not a link or other",
-            path=fmt.MANIFEST_NAME,
-        )
-    return parse_manifest(mpath.read_bytes(), path=str(mpath))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePath(
+                f"{mpath}: the manifest must be a regular file, not a symlink",
+                path=fmt.MANIFEST_NAME,
+            ) from None
+        raise UnreadableFile(
+            f"{mpath}: cannot open: {e.strerror}", path=fmt.MANIFEST_NAME
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(
+                f"{mpath}: the manifest must be a regular file, not a directory or other",
+                path=fmt.MANIFEST_NAME,
+            )
+        if st.st_size > fmt.MAX_MANIFEST_BYTES:
+            raise ManifestInvalid(
+                f"{mpath}: {st.st_size} bytes, expected at most {fmt.MAX_MANIFEST_BYTES}",
+                path=fmt.MANIFEST_NAME,
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(fmt.MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise UnreadableFile(
+            f"{mpath}: cannot read: {e.strerror}", path=fmt.MANIFEST_NAME
+        ) from None
+    finally:
+        os.close(fd)
+    return parse_manifest(data, path=str(mpath))
+
+
+#: Unbound entries reported one by one; beyond this many, one more violation counts the rest.
+MAX_LISTED = 1000
+
+
+def shown(name: str) -> str:
+    """A file name as text: bytes that are not UTF-8 (kept by Python as surrogates) become
+    ``\\xNN``, so a message, a JSON report or a terminal can always carry it."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _unbound_files(root: Path, manifest: Manifest) -> list[BundleError]:
+    """Everything in the bundle the manifest does not bind: the root and ``parts/`` only.
+
+    No directory is descended but ``parts/``: an unbound directory is one violation, whatever it
+    holds, so the walk is two listings deep whatever the tree (no recursion to exhaust).
+    """
     bound = {f.path for f in manifest.bound_files} | {fmt.MANIFEST_NAME}
     errors: list[BundleError] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root)
-        for name in sorted(dirnames):
-            rel = (rel_dir / name).as_posix()
-            if (Path(dirpath) / name).is_symlink():
-                errors.append(
+    skipped = 0
+
+    def report(error: BundleError) -> None:
+        nonlocal skipped
+        if len(errors) < MAX_LISTED:
+            errors.append(error)
+        else:
+            skipped += 1
+
+    def listing(rel_dir: str) -> list[os.DirEntry]:
+        d = root / rel_dir if rel_dir else root
+        try:
+            with os.scandir(d) as it:
+                return sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            report(UnreadableFile(f"{d}: cannot list: {e.strerror}", path=rel_dir or "."))
+            return []
+
+    descend = False
+    for rel_dir in ("", fmt.PARTS_DIR):
+        if rel_dir and not descend:
+            break
+        for entry in listing(rel_dir):
+            rel = shown(f"{rel_dir}/{entry.name}" if rel_dir else entry.name)
+            try:
+                is_link = entry.is_symlink()
+                is_dir = entry.is_dir(follow_symlinks=False)
+                links_to_dir = is_link and entry.is_dir()
+            except OSError:
+                is_link = is_dir = links_to_dir = False
+            if links_to_dir:
+                report(
                     UnsafePath(
                         f"{root / rel}: a symlinked directory is not allowed in a bundle", path=rel
                     )
                 )
-            elif rel != fmt.PARTS_DIR:
-                errors.append(
+            elif is_dir and rel == fmt.PARTS_DIR:
+                descend = True
+            elif is_dir:
+                report(
                     UnboundFile(
                         f"{root / rel}: directory not bound by the manifest "
                         f"(only {fmt.PARTS_DIR}/ may exist)",
                         path=rel,
                     )
                 )
-        for name in sorted(filenames):
-            rel = (rel_dir / name).as_posix()
-            if rel not in bound:
-                errors.append(
+            elif rel not in bound:
+                report(
                     UnboundFile(
                         f"{root / rel}: file not bound by the manifest; a reader "
                         "could reach it, so epochs would not be reproducible",
                         path=rel,
                     )
                 )
+    if skipped:
+        errors.append(
+            UnboundFile(
+                f"{root}: {skipped} more unbound entries (the first {MAX_LISTED} are listed)",
+                path=".",
+            )
+        )
     return errors
 
 
@@ -203,8 +292,12 @@ def _stat_bound(root: Path, manifest: Manifest, errors: list[BundleError]) -> li
         p = root / entry.path
         try:
             st = p.lstat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             errors.append(MissingFile(f"{p}: bound by the manifest but missing", path=entry.path))
+            continue
+        except OSError as e:
+            cls = UnsafePath if e.errno == errno.ELOOP else UnreadableFile
+            errors.append(cls(f"{p}: cannot stat: {e.strerror}", path=entry.path))
             continue
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
             kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
@@ -248,10 +341,17 @@ def _hash_bound(
         if progress is not None:
             progress(now, total)
 
-    digests = sha256_files([root / e.path for e in todo], on_bytes=on_bytes)
+    digests = sha256_files([root / e.path for e in todo], on_bytes=on_bytes, return_errors=True)
     intact = {e.path for e in present}
     for entry, digest in zip(todo, digests, strict=True):
-        if digest != entry.sha256:
+        if isinstance(digest, OSError):
+            intact.discard(entry.path)
+            errors.append(
+                UnreadableFile(
+                    f"{root / entry.path}: cannot read: {digest.strerror}", path=entry.path
+                )
+            )
+        elif digest != entry.sha256:
             intact.discard(entry.path)
             errors.append(
                 DigestMismatch(
@@ -270,16 +370,30 @@ def _hash_bound(
 
 
 def _open_parquet(p: Path, entry: FileEntry, errors: list[BundleError]) -> pq.ParquetFile | None:
-    """Open a Parquet file's footer and check its row count against the entry."""
+    """Open a Parquet file's footer and check its row count against the entry and itself.
+
+    The footer's total is checked against its row groups: a file whose footer says 3 rows while
+    its row group holds 4 reads differently depending on which number a reader trusts.
+    """
     try:
         pf = pq.ParquetFile(p)
-    except (pa.ArrowException, OSError) as e:
+        meta = pf.metadata
+        group_rows = sum(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    except (pa.ArrowException, OSError, ValueError) as e:
         errors.append(SchemaMismatch(f"{p}: not a readable Parquet file: {e}", path=entry.path))
         return None
-    if pf.metadata.num_rows != entry.rows:
+    if meta.num_rows != group_rows:
         errors.append(
             RowCountMismatch(
-                f"{p}: manifest says {entry.rows} rows, Parquet holds {pf.metadata.num_rows}",
+                f"{p}: Parquet footer says {meta.num_rows} rows, its row groups hold {group_rows}",
+                path=entry.path,
+            )
+        )
+        return None
+    if meta.num_rows != entry.rows:
+        errors.append(
+            RowCountMismatch(
+                f"{p}: manifest says {entry.rows} rows, Parquet holds {meta.num_rows}",
                 path=entry.path,
             )
         )
@@ -312,6 +426,15 @@ def _read_ids(
     except (pa.ArrowException, OSError) as e:  # a footer that parses over pages that do not
         errors.append(SchemaMismatch(f"{p}: id column unreadable: {e}", path=entry.path))
         return None
+    if table.num_rows != pf.metadata.num_rows:  # pages that hold other than their footer says
+        errors.append(
+            RowCountMismatch(
+                f"{p}: id column {id_field!r} holds {table.num_rows} values, the footer says "
+                f"{pf.metadata.num_rows} rows",
+                path=entry.path,
+            )
+        )
+        return None
     ids = table.column(id_field)
     if ids.null_count:
         errors.append(
@@ -337,18 +460,28 @@ class _FileCheck:
 def _inspect_file(
     p: Path, entry: FileEntry, expected: pa.Schema, id_field: str, extra: list[str]
 ) -> _FileCheck:
-    """Footer, row count, null ids and schema of one file; reads only the id/status columns."""
+    """Footer, row count, null ids and schema of one file; reads only the id/status columns.
+
+    Whatever the file holds, the findings are violations: pyarrow's errors on a hostile file are
+    reported as an unreadable Parquet file, never raised.
+    """
     found = _FileCheck(errors=[])
-    pf = _open_parquet(p, entry, found.errors)
-    if pf is None:
-        return found
-    found.table = _read_ids(p, entry, pf, id_field, extra, found.errors)
-    problem = schema_difference(expected, pf.schema_arrow)
-    if problem:
-        found.errors.append(SchemaMismatch(f"{p}: {problem}", path=entry.path))
-    found.schema_ok = problem is None
-    if found.table is not None:
-        found.hashes = id_hashes(found.table.column(id_field))
+    try:
+        pf = _open_parquet(p, entry, found.errors)
+        if pf is None:
+            return found
+        found.table = _read_ids(p, entry, pf, id_field, extra, found.errors)
+        problem = schema_difference(expected, pf.schema_arrow)
+        if problem:
+            found.errors.append(SchemaMismatch(f"{p}: {problem}", path=entry.path))
+        found.schema_ok = problem is None
+        if found.table is not None:
+            found.hashes = id_hashes(found.table.column(id_field))
+    except (pa.ArrowException, OSError, ValueError) as e:
+        found.errors.append(
+            SchemaMismatch(f"{p}: not a readable Parquet file: {e}", path=entry.path)
+        )
+        found.table, found.schema_ok, found.hashes = None, False, None
     return found
 
 
@@ -447,10 +580,12 @@ def _check_unique_ids(
     first = examples[0]
     where = [p for p, col in id_arrays if pc.any(pc.equal(col.cast(pa.string()), first)).as_py()]
     errors.append(
-        IdentifierError(
+        DuplicateIds(
             f"{root}: {n_dups} id(s) in {id_field!r} appear more than once "
             f"(expected each exactly once), e.g. {first!r} in {', '.join(where)}",
             path=where[0] if where else None,
+            count=n_dups,
+            examples=examples,
         )
     )
 

@@ -9,6 +9,7 @@ run the real local one. Errors are split by what the caller should do: retry lat
 from __future__ import annotations
 
 import abc
+import re
 from datetime import UTC, datetime
 from typing import ClassVar, Literal
 
@@ -20,7 +21,10 @@ JobState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "PARTIAL", "FAILED"]
 #: States after which nothing more happens until the caller acts (resubmits a PARTIAL version).
 FINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "PARTIAL", "FAILED"})
 
-_JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: A job id is one safe path segment: the local Compute keeps ``jobs/<job_id>/`` and
+#: ``results/<job_id>/``. The one rule, applied at submit and at every other entry point.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 
 class ComputeUnavailable(Exception):
@@ -33,6 +37,24 @@ class ComputeError(Exception):
 
 class UnknownJob(ComputeError):
     """No job with that id exists on this Compute service."""
+
+
+class InvalidJobId(UnknownJob):
+    """A job id that is not one safe path segment (``../x``, ``a/b``, empty): no job has it."""
+
+
+def check_job_id(job_id: object) -> str:
+    """Return ``job_id`` if it follows :data:`JOB_ID_PATTERN`, else raise :class:`InvalidJobId`.
+
+    Called wherever a job id enters (status, resubmit, results, manifest_url, the worker), so an
+    id like ``../../outside/evil`` can never reach a path outside the Compute root.
+    """
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise InvalidJobId(
+            f"job id {job_id!r:.80} is not valid: expected 1-128 characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return job_id
 
 
 class InvalidResubmission(ComputeError):
@@ -51,7 +73,7 @@ class JobSpec(BaseModel):
     input_url: str = Field(min_length=1)
     reference_url: str = Field(min_length=1)
     credential_ref: str | None = None
-    job_id: str | None = Field(default=None, pattern=_JOB_ID)
+    job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
     idempotency_key: str | None = Field(default=None, min_length=1)
     faults: FaultSpec = FaultSpec()
     k: int = Field(default=7, ge=1)

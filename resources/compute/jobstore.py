@@ -18,7 +18,16 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.digest import sha256_bytes
-from resources.compute.client import ComputeUnavailable, JobSpec, JobState, UnknownJob, utc_now
+from resources.compute.client import (
+    _JOB_ID_RE,
+    ComputeError,
+    ComputeUnavailable,
+    JobSpec,
+    JobState,
+    UnknownJob,
+    check_job_id,
+    utc_now,
+)
 
 JOB_FILE = "job.json"
 LOCK_TIMEOUT_SECONDS = 30.0
@@ -87,8 +96,11 @@ class JobStore:
         self.keys_dir.mkdir(parents=True, exist_ok=True)
 
     def job_dir(self, job_id: str) -> Path:
-        """The directory holding ``job.json``, its lock and the workers' logs."""
-        return self.jobs_dir / job_id
+        """The directory holding ``job.json``, its lock and the workers' logs.
+
+        Every path to a job goes through here, so the job id is checked here (one path segment).
+        """
+        return self.jobs_dir / check_job_id(job_id)
 
     def exists(self, job_id: str) -> bool:
         """Whether a job record exists."""
@@ -96,7 +108,8 @@ class JobStore:
 
     def list(self) -> list[str]:
         """Ids of every recorded job, sorted."""
-        return sorted(p.parent.name for p in self.jobs_dir.glob(f"*/{JOB_FILE}"))
+        names = (p.parent.name for p in self.jobs_dir.glob(f"*/{JOB_FILE}"))
+        return sorted(n for n in names if _JOB_ID_RE.fullmatch(n))  # nothing else can be a job
 
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
@@ -123,7 +136,13 @@ class JobStore:
                 f"no job {job_id!r} under {self.jobs_dir} "
                 f"(known: {', '.join(self.list()) or 'none'})"
             ) from None
-        return JobRecord.model_validate_json(text)
+        record = JobRecord.model_validate_json(text)
+        if record.job_id != job_id:  # a record copied or planted under another name
+            raise ComputeError(
+                f"{self.job_dir(job_id) / JOB_FILE}: records job {record.job_id!r}, expected "
+                f"{job_id!r}"
+            )
+        return record
 
     def create(self, record: JobRecord) -> None:
         """Write a new job's first record; fails if the job already exists."""

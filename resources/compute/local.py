@@ -28,6 +28,7 @@ from resources.compute.client import (
     JobSpec,
     JobStatus,
     UnknownJob,
+    check_job_id,
 )
 from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore, pid_alive
 from resources.compute.worker import results_dir, run_attempt
@@ -102,6 +103,11 @@ class LocalCompute(ComputeClient):
 
     def resubmit(self, job_id: str, *, from_version_id: str, idempotency_key: str) -> int:
         """Run only the outstanding items of PARTIAL ``from_version_id`` as a new attempt."""
+        check_job_id(job_id)
+        try:
+            fmt.check_version_id(from_version_id, what="from_version_id")
+        except ValueError as e:
+            raise InvalidResubmission(f"job {job_id!r}: {e}") from None
         with self.jobs.edit(job_id) as rec:
             for a in rec.attempts:
                 if a.idempotency_key == idempotency_key:
@@ -191,6 +197,7 @@ class LocalCompute(ComputeClient):
 
     def status(self, job_id: str) -> JobStatus:
         """The job's current state; the first ``faults.transient_status_errors`` calls fail."""
+        check_job_id(job_id)
         self._children = [p for p in self._children if p.poll() is None]  # reap finished ones
         rec = self.jobs.load(job_id)
         if rec.status_errors_left > 0 or self._worker_died(rec):
@@ -246,6 +253,12 @@ class LocalCompute(ComputeClient):
 
     def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
         """The local path of a published result bundle (the latest when ``version_id`` is None)."""
+        check_job_id(job_id)
+        if version_id is not None:
+            try:
+                fmt.check_version_id(version_id)
+            except ValueError as e:
+                raise UnknownJob(f"job {job_id!r}: {e}") from None
         rec = self.jobs.load(job_id)
         if version_id is None:
             if not rec.versions:
@@ -259,7 +272,7 @@ class LocalCompute(ComputeClient):
         return self._url(job_id, version_id)
 
     def _url(self, job_id: str, version_id: str) -> str:
-        return str(results_dir(self.root, job_id) / version_id)
+        return str(results_dir(self.root, job_id) / fmt.check_version_id(version_id))
 
     def wait(self, job_id: str, *, timeout: float = 60.0, poll: float = 0.05) -> JobStatus:
         """Poll until the job is SUCCEEDED, PARTIAL or FAILED; transient errors are retried.

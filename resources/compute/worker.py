@@ -26,7 +26,7 @@ from pipeline.bundle.manifest import InputRef, JobInfo
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.bundle_store import BundleStore
-from resources.compute.client import FINAL_STATES, ComputeError, utc_now
+from resources.compute.client import FINAL_STATES, ComputeError, check_job_id, utc_now
 from resources.compute.faults import failed_items, lost_blocks, lost_items
 from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore
 from resources.compute.labeller import label_table
@@ -50,7 +50,7 @@ class Outcome:
 
 def results_dir(root: Path, job_id: str) -> Path:
     """Where a job's result versions are published: ``root/results/<job_id>/<version_id>/``."""
-    return Path(root) / "results" / job_id
+    return Path(root) / "results" / check_job_id(job_id)
 
 
 def version_id_for(record: JobRecord, attempt: AttemptRecord) -> str:
@@ -64,6 +64,7 @@ def run_attempt(root: Path, job_id: str, number: int) -> Outcome | None:
     Returns None when the attempt had already finished (nothing is done twice).
     """
     root = Path(root)
+    check_job_id(job_id)
     jobs = JobStore(root)
     with jobs.edit(job_id) as rec:
         att = rec.attempt(number)
@@ -212,10 +213,16 @@ def _compute(root: Path, rec: JobRecord, att: AttemptRecord) -> Outcome:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a detached job process; the exit code says whether the attempt finished."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3:
-        print("usage: python -m resources.compute.worker ROOT JOB_ID ATTEMPT", file=sys.stderr)
+    usage = "usage: python -m resources.compute.worker ROOT JOB_ID ATTEMPT"
+    if len(args) != 3 or not args[2].isdigit():
+        print(usage, file=sys.stderr)
         return 2
     root, job_id, number = Path(args[0]), args[1], int(args[2])
+    try:
+        check_job_id(job_id)
+    except ComputeError as e:
+        print(f"{usage}: {e}", file=sys.stderr)
+        return 2
     print(
         f"{utc_now().isoformat()} worker pid {os.getpid()}: {job_id} attempt {number}", flush=True
     )

@@ -8,6 +8,8 @@ string ids with leading zeros, a vector feature and every ``lithi_*`` column.
 from __future__ import annotations
 
 import json
+import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,9 +83,21 @@ def load_manifest(bundle: Path) -> dict:
     return json.loads((bundle / fmt.MANIFEST_NAME).read_text())
 
 
+def writable(path: Path) -> Path:
+    """Make a staged (read-only) file writable again so a test can corrupt it; returns it."""
+    if path.exists() and not path.is_symlink():
+        os.chmod(path, 0o644)
+    return path
+
+
 def save_manifest(bundle: Path, data: dict) -> None:
     """Overwrite the manifest in place (tests only: real bundles are never modified)."""
-    (bundle / fmt.MANIFEST_NAME).write_text(json.dumps(data, indent=2))
+    writable(bundle / fmt.MANIFEST_NAME).write_text(json.dumps(data, indent=2))
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Overwrite a staged file in place (tests only), read-only or not."""
+    writable(path).write_bytes(data)
 
 
 def rebind(bundle: Path, data: dict | None = None) -> dict:
@@ -105,8 +119,49 @@ def rebind(bundle: Path, data: dict | None = None) -> dict:
 
 def rewrite_part(bundle: Path, rel: str, table: pa.Table) -> None:
     """Replace a bound Parquet file's content and rebind its digests in the manifest."""
-    pq.write_table(table, bundle / rel)
+    pq.write_table(table, writable(bundle / rel))
     rebind(bundle)
+
+
+def footer_says(path: Path, rows: int) -> None:
+    """Make a one-row-group Parquet file's footer claim ``rows`` rows while its row group keeps
+    its own count (the file stays readable; only the two numbers disagree).
+
+    In the footer's Thrift compact encoding, FileMetaData field 3 (``num_rows``, i64) follows the
+    schema list as byte ``0x16`` and a zigzag varint; with plain column names it is the first
+    such pair. Only single-byte varints (up to 63 rows) are rewritten, in place.
+    """
+    data = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<i", data[-8:-4])
+    start = len(data) - 8 - length
+    before = pq.ParquetFile(path).metadata
+    assert before.num_row_groups == 1 and before.num_rows < 64 and 0 <= rows < 64
+    at = bytes(data[start:]).index(bytes([0x16, before.num_rows * 2]))
+    data[start + at + 1] = rows * 2
+    writable(path).write_bytes(bytes(data))
+    after = pq.ParquetFile(path).metadata
+    assert after.num_rows == rows and after.row_group(0).num_rows == before.num_rows
+
+
+def nest(top: Path, depth: int) -> None:
+    """``top/d/d/.../d``, ``depth`` levels, made one level at a time (``os.makedirs`` recurses)."""
+    os.mkdir(top)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def unnest(top: Path) -> None:
+    """Remove what :func:`nest` made, bottom up, without recursion."""
+    depth, d = 0, top
+    while (d / "d").is_dir():
+        d, depth = d / "d", depth + 1
+    for level in range(depth, -1, -1):
+        os.rmdir(top.joinpath(*["d"] * level))
 
 
 def error_types(bundle: Path) -> list[type]:
