@@ -1,7 +1,7 @@
 """The chain's assets, one module per link: each calls the reader core and returns metadata."""
 
 from assets._group import CHAIN_GROUP
-from assets.compute_result_versions import compute_result_versions
+from assets.compute_versions import compute_versions
 from assets.disjoint_index import disjoint_index, index_disjoint_and_covering
 from assets.output_bundle import output_bundle, output_bundle_verifies
 from assets.prediction_table import one_row_per_item, prediction_table
@@ -20,7 +20,7 @@ CHAIN_CHECKS = [
 ]
 
 CHAIN_ASSETS = [
-    compute_result_versions,
+    compute_versions,
     result_manifest,
     verified_snapshot,
     disjoint_index,
@@ -44,7 +44,7 @@ __all__ = [
     "CHAIN_CHECKS",
     "CHAIN_GROUP",
     "chain_assets",
-    "compute_result_versions",
+    "compute_versions",
     "disjoint_index",
     "output_bundle",
     "output_bundle_verifies",

@@ -4,7 +4,7 @@ import dagster as dg
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
-from assets.compute_result_versions import compute_result_versions
+from assets.compute_versions import compute_versions
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
@@ -26,7 +26,7 @@ COMPLETE = "result_manifest_complete"
     io_manager_key=IO_MANAGER_KEY,
     kinds={"python", "json"},
     code_version="3",
-    deps=[compute_result_versions],
+    deps=[compute_versions],
     check_specs=[
         dg.AssetCheckSpec(
             COMPLETE,

@@ -16,8 +16,8 @@ CHAIN = [
 ]
 #: Each link's parents: the chain, and the training run beside the predictions it staged.
 PARENTS = {
-    "compute_result_versions": set(),
-    "result_manifest": {"compute_result_versions"},
+    "compute_versions": set(),
+    "result_manifest": {"compute_versions"},
     "verified_snapshot": {"result_manifest"},
     "disjoint_index": {"verified_snapshot"},
     "training_run": {"disjoint_index"},

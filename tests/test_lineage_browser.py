@@ -182,6 +182,7 @@ def test_asset_graph_shows_the_six_assets_and_their_edges(page, webserver):
         "n => document.querySelectorAll('svg:has(foreignObject) foreignObject').length >= n",
         arg=len(CHAIN),
     )
+    _shot(page, "asset_graph.png")
     for name in CHAIN:
         assert page.locator("svg foreignObject", has_text=name).count() == 1, name
     # Edges are drawn after the nodes are laid out: wait for them (bounded), then read them.

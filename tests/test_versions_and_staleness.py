@@ -1,7 +1,7 @@
 """Every Compute version is a Dagster object, and Dagster's staleness is exactly what it shows.
 
 Driven tick by tick over a real local Compute, like the daemon would: the sensor records each
-version it sees as an observation of ``compute_result_versions`` (PARTIAL ones included, with
+version it sees as an observation of ``compute_versions`` (PARTIAL ones included, with
 what changed since the parent). Staleness is read through GraphQL, as the UI reads it. What
 Dagster 1.13 does, and the README says: an asset is stale when one of its *direct* inputs has a
 data version other than the one it was built from; it does not project staleness further down.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets import CHAIN_ASSETS, CHAIN_CHECKS
-from assets.compute_result_versions import KEY
+from assets.compute_versions import KEY
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.jobs import RESUBMIT_JOB_NAME, chain_run_config
 from pipeline.defs.sensor import SENSOR_NAME
@@ -83,11 +83,9 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
         assert meta["change/outstanding"].value == -partial_obs.metadata["outstanding"].value
         assert stale_status(query) == dict.fromkeys(CHAIN, "FRESH") | {
             "result_manifest": "STALE",
-            "compute_result_versions": "FRESH",  # external: what was observed is current
+            "compute_versions": "FRESH",  # external: what was observed is current
         }
-        assert _causes(query, "result_manifest") == [
-            ("has a new data version", "compute_result_versions")
-        ]
+        assert _causes(query, "result_manifest") == [("has a new data version", "compute_versions")]
 
         # Rebuilt from v2: fresh again. Reading v1 again marks every link downstream stale.
         _chain(resources, instance, job, v2, partial=False)
@@ -101,7 +99,7 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
         )
         assert stale_status(query) == dict.fromkeys(CHAIN, "FRESH") | {
             "verified_snapshot": "STALE",
-            "compute_result_versions": "FRESH",
+            "compute_versions": "FRESH",
         }
         assert _causes(query, "verified_snapshot") == [
             ("has a new data version", "result_manifest")

@@ -11,7 +11,7 @@ import time
 
 import dagster as dg
 
-from assets.compute_result_versions import observation
+from assets.compute_versions import observation
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.manifest import Manifest
 from pipeline.defs.jobs import (
@@ -128,7 +128,7 @@ def tick(
     """One tick: observe every watched job, decide, and return requests plus the new cursor.
 
     Besides run requests, every result version seen for the first time is recorded as an
-    observation of ``compute_result_versions`` (PARTIAL ones too).
+    observation of ``compute_versions`` (PARTIAL ones too).
     """
     now = time.time() if now is None else now
     cursor = Cursor.from_json(context.cursor)

@@ -27,7 +27,7 @@ from resources.settings import REPO_ROOT, ChainSettings, Policy
 #: The chain's edges: the versions Compute published feed the manifest read, each link feeds the
 #: next, and the output bundle also names its training run.
 CHAIN_EDGES = [
-    ("compute_result_versions", "result_manifest"),
+    ("compute_versions", "result_manifest"),
     ("result_manifest", "verified_snapshot"),
     ("verified_snapshot", "disjoint_index"),
     ("disjoint_index", "training_run"),

@@ -1,4 +1,4 @@
-"""``compute_result_versions``: every result version Compute published, as Dagster observes it.
+"""``compute_versions``: every result version Compute published, as Dagster observes it.
 
 An external asset (the versions live in Compute, not here) upstream of ``result_manifest``. The
 sensor records one observation per version the moment it sees it — PARTIAL ones included — with
@@ -18,10 +18,11 @@ from pipeline.bundle.manifest import Manifest
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.settings import ChainSettings
 
-KEY = dg.AssetKey("compute_result_versions")
+KEY = dg.AssetKey("compute_versions")
 #: The tag Dagster reads an observation's data version from (what ``ObserveResult`` writes).
 DATA_VERSION_TAG = "dagster/data_version"
 COUNTS = ("items", *fmt.STATUSES, "outstanding")
+
 
 def delta(manifest: Manifest, parent: Manifest | None) -> dict[str, int]:
     """How each count moved from the parent version to this one (all zero for a first one)."""
@@ -68,7 +69,7 @@ def observation(
     "content digest, parent, outstanding items and what changed since the parent. Observing "
     "it by hand records the latest version of each watched job.",
 )
-def compute_result_versions(
+def compute_versions(
     compute: ComputeResource, bundle_store: BundleStoreResource, chain_settings: ChainSettings
 ) -> dg.ObserveResult:
     """The latest version of the watched job (the first one if several are watched)."""
