@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.training.trainer import REFERENCE_TRAINER
-from resources.compute.client import ComputeClient
+from resources.compute.client import ComputeClient, ComputeError, check_job_id
 from resources.credentials import CredentialRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,20 @@ class LithiEnv(BaseSettings):
                 "LITHI_BUNDLE_URL trains on a bundle with no Compute service; LITHI_COMPUTE "
                 "names one: set only one of them"
             )
+        if self.compute == "local" and not self.bundle_url:
+            # The local Compute's job-id rule, checked now rather than at the first tick.
+            for name, value in (("job_id", self.job_id), *(("watch_jobs", j) for j in self.jobs)):
+                if value:
+                    try:
+                        check_job_id(value)
+                    except ComputeError as e:
+                        raise ValueError(f"LITHI_{name.upper()}: {e}") from None
         return self
+
+    @property
+    def jobs(self) -> list[str]:
+        """``LITHI_WATCH_JOBS`` split at commas."""
+        return [j.strip() for j in self.watch_jobs.split(",") if j.strip()]
 
     @classmethod
     def load(cls) -> LithiEnv:

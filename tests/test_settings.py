@@ -145,3 +145,13 @@ def test_the_readme_table_lists_every_variable():
         if f"| `LITHI_{name.upper()}` |" not in table
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("LITHI_JOB_ID", "../../outside/evil"), ("LITHI_WATCH_JOBS", "ok,a/b")]
+)
+def test_a_job_id_outside_the_rule_is_refused_at_load(clean_env, name, value):
+    clean_env.setenv(name, value)
+    with pytest.raises(SettingsError, match=f"{name}: job id .* is not valid") as e:
+        LithiEnv.load()
+    assert "\n" not in str(e.value)
