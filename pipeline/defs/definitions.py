@@ -9,6 +9,7 @@ import dagster as dg
 
 from assets import CHAIN_CHECKS, chain_assets
 from pipeline.defs.jobs import chain_job, resubmit_job
+from pipeline.defs.schedule import chain_schedule
 from pipeline.defs.sensor import compute_partial_sensor
 from pipeline.training.trainer import TrainerError, load_trainer
 from resources.artifacts import ArtifactStore
@@ -46,20 +47,6 @@ def resources_from(env: LithiEnv) -> dict[str, object]:
         "chain_settings": ChainSettings.from_env(env),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
-
-
-def chain_schedule(cron: str) -> dg.ScheduleDefinition:
-    """The nightly (by default) rebuild of the chain, on ``cron`` in UTC."""
-    try:
-        return dg.ScheduleDefinition(
-            name="compute_chain_schedule",
-            job=chain_job,
-            cron_schedule=cron,
-            execution_timezone="UTC",
-            description="Rebuild the chain from the configured job's latest complete manifest.",
-        )
-    except dg.DagsterInvalidDefinitionError as e:
-        raise SettingsError(f"LITHI_CHAIN_CRON={cron!r}: not a cron schedule ({e})") from None
 
 
 def build_definitions(env: LithiEnv | None = None, **resource_overrides: object) -> dg.Definitions:

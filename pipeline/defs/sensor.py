@@ -32,31 +32,33 @@ from resources.settings import ChainSettings
 SENSOR_NAME = "compute_partial_sensor"
 
 
-def _tags(action: Action) -> dict[str, str]:
+def tags_for(action: Action, trigger: str | None = None) -> dict[str, str]:
+    """The ``lithi/*`` run tags of an action: the sensor's and the schedule's runs share them."""
     return {
         "lithi/job_id": action.job_id,
         "lithi/version_id": action.version_id,
         "lithi/attempt": str(action.attempt),
-        "lithi/trigger": "newer_manifest" if action.kind == "chain" else "partial_resubmit",
+        "lithi/trigger": trigger
+        or ("newer_manifest" if action.kind == "chain" else "partial_resubmit"),
         "lithi/allow_partial": str(action.allow_partial).lower(),
         "lithi/retry": str(action.retry),
     }
 
 
-def run_request_for(action: Action) -> dg.RunRequest:
+def run_request_for(action: Action, trigger: str | None = None) -> dg.RunRequest:
     """The RunRequest for one decided action, keyed so it can never launch twice."""
     if action.kind == "chain":
         return dg.RunRequest(
             run_key=action.run_key,
             job_name=CHAIN_JOB_NAME,
             run_config=chain_run_config(action.job_id, action.version_id, action.allow_partial),
-            tags=_tags(action),
+            tags=tags_for(action, trigger),
         )
     return dg.RunRequest(
         run_key=action.run_key,
         job_name=RESUBMIT_JOB_NAME,
         run_config=resubmit_run_config(action.job_id, action.version_id),
-        tags=_tags(action),
+        tags=tags_for(action, trigger),
     )
 
 
