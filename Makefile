@@ -45,8 +45,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-## The Dagster UI on the demo's instance.
+## The Dagster UI on the demo's instance (created and migrated once first, never raced).
 ui: $(STAMP)
+	$(BIN)/python -m pipeline.defs.instance
 	$(BIN)/dagster dev -w workspace.yaml -p 3000
 
 bench: $(STAMP)

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.defs import samples
+from pipeline.defs.instance import prepare_instance
 from pipeline.defs.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, RESUBMIT_JOB_NAME
 from pipeline.training.record import OutputRecord, read_record
 from resources.compute.client import JobSpec
@@ -356,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     log_path = home / "logs" / f"daemon-{job_id}.log"
     import pipeline.defs.definitions  # noqa: F401 - fail here, loudly, if the code location is broken
 
-    # Open (and, on first use, create) the SQLite instance before the daemon starts, so two
-    # processes never race to create its schema.
+    # Create and migrate the instance before the daemon starts, so no two processes ever race
+    # to create its schema (and a home without a dagster.yaml gets the project's).
+    prepare_instance(env["DAGSTER_HOME"])
     with dg.DagsterInstance.get() as instance:
         print(f"starting dagster-daemon (log: {log_path}); DAGSTER_HOME={env['DAGSTER_HOME']}")
         daemon = start_daemon(env, log_path)

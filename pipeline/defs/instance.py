@@ -1,0 +1,58 @@
+"""Create and migrate the Dagster instance once, before anything else opens it.
+
+Two processes opening a brand-new SQLite instance at the same moment (the daemon and the
+webserver, say) can both create its schema and leave ``alembic_version`` with two heads — an
+instance that then fails on every open, for good. Every entry point (``make demo``, ``make ui``,
+the daemon command in the README) calls :func:`prepare_instance` first: under a file lock, it
+gives a ``DAGSTER_HOME`` without a ``dagster.yaml`` the project's (telemetry off, run monitoring
+and run retries on), then opens the instance once, which creates or migrates its storage.
+
+    python -m pipeline.defs.instance          # prepares $DAGSTER_HOME
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import dagster as dg
+import filelock
+
+from resources.settings import REPO_ROOT
+
+PROJECT_YAML = REPO_ROOT / "dagster_home" / "dagster.yaml"
+LOCK_NAME = ".instance.lock"
+
+
+def prepare_instance(home: str | os.PathLike[str] | None = None) -> Path:
+    """Make ``home`` (default ``$DAGSTER_HOME``) a ready instance; return its path."""
+    if home is None:
+        home = os.environ.get("DAGSTER_HOME")
+        if not home:
+            raise ValueError("DAGSTER_HOME is not set: name the Dagster instance's folder")
+    path = Path(home).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(path / LOCK_NAME, timeout=300):
+        config = path / "dagster.yaml"
+        if not config.exists():
+            shutil.copyfile(PROJECT_YAML, config)
+        with dg.DagsterInstance.from_config(str(path)) as instance:
+            instance.get_runs(limit=1)  # the first open creates or migrates every storage
+    return path
+
+
+def main() -> int:
+    """Prepare ``$DAGSTER_HOME``; one line on success, one line and exit 1 on failure."""
+    try:
+        path = prepare_instance()
+    except (ValueError, OSError, filelock.Timeout) as e:
+        print(f"pipeline.defs.instance: {e}", file=sys.stderr)
+        return 1
+    print(f"Dagster instance ready: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
