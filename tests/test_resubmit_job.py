@@ -114,3 +114,31 @@ def test_a_failed_resubmission_run_is_retried_by_the_sensor(tmp_path):
         status.state == "SUCCEEDED" and chain.run_key == f"chain:{job}:{status.latest_version_id}"
     )
     assert [a.number for a in JobStore(tmp_path / "compute").load(job).attempts] == [1, 2]
+
+
+def test_a_canceled_resubmission_run_is_retried_too(tmp_path):
+    """An operator's cancel (or run monitoring's, for a run that never started) resubmitted
+    nothing for sure: the sensor asks again, under a new run key, with the same idempotency key."""
+    job = sample_job(tmp_path, "wine", FaultSpec(lose_fraction=0.3))
+    resources = chain_resources(tmp_path, job, base_delay_seconds=0)
+    with dg.instance_for_test() as instance:
+        with dg.build_sensor_context(instance=instance) as context:
+            first = sensor_tick(
+                context, resources["compute"], resources["chain_settings"],
+                resources["bundle_store"], now=1.0,
+            )  # fmt: skip
+        (request,) = first.run_requests
+        run = instance.create_run_for_job(
+            resubmit_job,
+            run_config=request.run_config,
+            tags={**request.tags, RUN_KEY_TAG: request.run_key},
+        )
+        instance.report_run_canceled(run)
+        with dg.build_sensor_context(instance=instance, cursor=first.cursor) as context:
+            second = sensor_tick(
+                context, resources["compute"], resources["chain_settings"],
+                resources["bundle_store"], now=2.0,
+            )  # fmt: skip
+    (retry,) = second.run_requests
+    assert retry.run_key == f"{request.run_key}:retry1"
+    assert retry.run_config == request.run_config  # same version, same idempotency key

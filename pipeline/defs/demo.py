@@ -26,7 +26,11 @@ import pyarrow.parquet as pq
 
 from pipeline.defs import samples
 from pipeline.defs.instance import prepare_instance
-from pipeline.defs.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, RESUBMIT_JOB_NAME
+from pipeline.defs.jobs import (
+    CHAIN_JOB_NAME,
+    CHAIN_RUN_RETRIES,
+    RESUBMIT_JOB_NAME,
+)
 from pipeline.training.record import OutputRecord, read_record
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
@@ -90,6 +94,15 @@ def stop_daemon(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _final_failure(run: dg.DagsterRun) -> bool:
+    """A chain run that failed and that the daemon will not retry again."""
+    return (
+        run.status == dg.DagsterRunStatus.FAILURE
+        and run.job_name == CHAIN_JOB_NAME
+        and int(run.tags.get("dagster/retry_number", "0")) >= CHAIN_RUN_RETRIES
+    )
+
+
 def wait_for_chain(
     instance: dg.DagsterInstance,
     compute: LocalCompute,
@@ -99,7 +112,11 @@ def wait_for_chain(
     timeout: float,
     expect_complete: bool = True,
 ) -> dg.DagsterRun | None:
-    """Poll until a chain run for the job's latest version finishes; print what happens."""
+    """Poll until a chain run for the job's latest version succeeds; print what happens.
+
+    A failed run the daemon will retry (run retries), or a failed resubmission the sensor will
+    retry, is waited out; a chain run that failed its last retry is returned as it is.
+    """
     t0 = time.monotonic()
     seen: dict[str, dg.DagsterRunStatus] = {}
     last_state = None
@@ -129,7 +146,7 @@ def wait_for_chain(
                     f"run {run.run_id[:8]} {run.job_name} for {run.tags.get('lithi/version_id')}: "
                     f"{run.status.value}",
                 )
-            if run.status == dg.DagsterRunStatus.FAILURE:
+            if _final_failure(run):
                 return run
         final = status.state == "SUCCEEDED" or not expect_complete
         for run in runs:
@@ -137,7 +154,7 @@ def wait_for_chain(
                 final
                 and run.job_name == CHAIN_JOB_NAME
                 and run.tags.get("lithi/version_id") == status.latest_version_id
-                and run.status in FINISHED_RUN_STATUSES
+                and run.status == dg.DagsterRunStatus.SUCCESS
             ):
                 return run
         time.sleep(1.0)

@@ -20,12 +20,17 @@ FINISHED_RUN_STATUSES = frozenset(
 CHAIN_JOB_NAME = "compute_chain_job"
 RESUBMIT_JOB_NAME = "resubmit_outstanding_job"
 
+#: How often the daemon retries a failed chain run (run retries are on in dagster.yaml), from
+#: the failed step: what already succeeded is loaded from the failed run's artifacts.
+CHAIN_RUN_RETRIES = 2
+
 chain_job = dg.define_asset_job(
     name=CHAIN_JOB_NAME,
     selection=dg.AssetSelection.groups(CHAIN_GROUP),
     description="Result manifest → verified snapshot → disjoint index → training → predictions "
     "→ output bundle, for one Compute job version.",
     executor_def=dg.in_process_executor,
+    tags={"dagster/max_retries": str(CHAIN_RUN_RETRIES), "dagster/retry_strategy": "FROM_FAILURE"},
 )
 
 
