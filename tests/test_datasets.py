@@ -297,3 +297,18 @@ def test_default_transfer_batches_follows_the_worker_count(index):
     assert isinstance(make_loader(index, batch_size=64, num_workers=2, drop_last=True), DataLoader)
     with pytest.raises(ValueError, match="drop_last"):
         make_loader(index, num_workers=2, drop_last=True, transfer_batches=4)
+
+
+def test_iterable_ranks_read_even_rows_from_equal_parts(tmp_path):
+    """8 equal parts on 2 ranks x 3 workers: 400 rows per rank (rank-major owners gave 500/300)."""
+    eight = Index.from_snapshot(make_bundle(tmp_path, [100] * 8))
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IdleOwnerWarning)  # 4 parts per rank: no worker idles
+        for r in range(2):
+            ds = PartIterableDataset(eight, batch_size=64, rank=r, world_size=2)
+            got = [
+                x for w in range(3) for b in ds.iter_owner(Owner(r, 2, w, 3)) for x in b["item_id"]
+            ]
+            rows.append(len(got))
+    assert rows == [400, 400]

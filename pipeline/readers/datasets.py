@@ -177,7 +177,8 @@ class OwnerSampler(Sampler[int]):
 class PartIterableDataset(IterableDataset):
     """Streams the whole parts one (rank, worker) owner is assigned, a record batch at a time.
 
-    Parts go to owners by :func:`~pipeline.readers.split.assign_parts` (balanced by rows, whole).
+    Parts go to ranks first, balanced by rows, then to each rank's workers
+    (:func:`~pipeline.readers.split.parts_by_owner`); a part is never split.
     Memory is bounded by one row group plus one batch. Batches hold exactly ``batch_size`` rows
     except an owner's last. With ``shuffle`` the order of parts, of row groups within a part
     and of rows within a row group is permuted from (seed, epoch, owner); ownership is not.
@@ -218,7 +219,9 @@ class PartIterableDataset(IterableDataset):
 
     def parts_for(self, owner: Owner) -> list[int]:
         """The parts ``owner`` streams this epoch, in streaming order."""
-        mine = split.assign_parts(self.index.part_rows, owner.index, owner.count)
+        mine = split.assign_parts(
+            self.index.part_rows, owner.index, owner.count, max(owner.num_workers, 1)
+        )
         return split.part_order(
             mine, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, owner=owner.index
         )
