@@ -94,10 +94,12 @@ def column_to_torch(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str
         return out
     if t.startswith("fixed_size_list<"):
         n = arr.type.list_size
+        # a null row is filled like a null scalar (NaN for floats, 0/False otherwise); its slot
+        # in the child array may hold anything, so it is replaced, not trusted
         values = (
-            pc.list_flatten(pc.fill_null(arr, _zero_list(arr.type)))
+            pc.list_flatten(pc.fill_null(arr, _null_fill_list(arr.type)))
             if arr.null_count
-            else (arr.flatten())
+            else arr.flatten()
         )
         flat = _scalars(values, _element(t), f.name)
         out[f.name] = flat.reshape(len(arr), n)
@@ -116,11 +118,14 @@ def column_to_torch(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str
     return out
 
 
-def _zero_list(list_type: pa.FixedSizeListType) -> pa.Scalar:
-    zero = 0.0 if pa.types.is_floating(list_type.value_type) else 0
-    if pa.types.is_boolean(list_type.value_type):
-        zero = False
-    return pa.scalar([zero] * list_type.list_size, list_type)
+def _null_fill_list(list_type: pa.FixedSizeListType) -> pa.Scalar:
+    value_type = list_type.value_type
+    fill: float | int | bool = 0
+    if pa.types.is_floating(value_type):
+        fill = float("nan")
+    elif pa.types.is_boolean(value_type):
+        fill = False
+    return pa.scalar([fill] * list_type.list_size, list_type)
 
 
 def to_batch(
