@@ -312,3 +312,41 @@ def test_iterable_ranks_read_even_rows_from_equal_parts(tmp_path):
             ]
             rows.append(len(got))
     assert rows == [400, 400]
+
+
+# -- per-row samples ----------------------------------------------------------------------------
+
+
+class PerRow(MapDataset):
+    __getitems__ = None  # torch's fetcher then calls __getitem__ once per row
+
+
+def test_a_one_row_batch_of_samples_stays_a_batch(index):
+    ds = MapDataset(index)
+    one = collate_batches([ds[42]])
+    assert one["item_id"] == ["00042"] and one["x"].shape == (1, 4)
+    assert one["label"].shape == (1,) and one["lithi_confidence__valid"].shape == (1,)
+    assert one["lithi_status"] == [ds[42]["lithi_status"]]
+
+
+def test_per_row_samples_through_concat_dataset_tally_every_id_once(index):
+    """1,009 rows in batches of 6 end in a 1-row batch, whose id was once counted by character."""
+    from torch.utils.data import ConcatDataset
+
+    from pipeline.readers import Tally, reconcile
+
+    ds = ConcatDataset([PerRow(index)])  # no __getitems__: torch fetches row by row
+    tally = Tally(index.id_field)
+    batches = list(DataLoader(ds, batch_size=6, collate_fn=collate_batches))
+    assert batches[-1]["item_id"] == ["01008"] and batches[-1]["x"].shape == (1, 4)
+    for b in batches:
+        tally.update(b)
+    report = reconcile(index.manifest, [tally.counts], ids=index.ids)
+    assert report.ok and report.items_iterated == 1009
+
+
+def test_tally_refuses_a_sample_instead_of_counting_characters(index):
+    from pipeline.readers import Tally
+
+    with pytest.raises(TypeError, match="per-row sample"):
+        Tally(index.id_field).update(MapDataset(index)[42])

@@ -160,3 +160,28 @@ def test_sliced_fixed_size_list_respects_the_slice():
     arr = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8, dtype=np.float32)), 2)
     b = to_batch(pa.table({"v": arr}).slice(1, 2), schema)
     assert b["v"].tolist() == [[2.0, 3.0], [4.0, 5.0]]
+
+
+def test_equal_length_list_rows_stay_a_list_when_collated(tmp_path):
+    """Per-row samples of a list<int32> column: a list of 1-D tensors whatever the lengths."""
+    from torch.utils.data import DataLoader
+
+    from pipeline.readers.batches import collate_batches
+
+    table = pa.table(
+        {
+            "id": pa.array(["a", "b", "c", "d"], pa.string()),
+            "tokens": pa.array([[1, 2, 3], [4, 5, 6], [7, 8, 9], [1, 2]], pa.list_(pa.int32())),
+            "v": pa.array([[1.0, 2.0]] * 4, pa.list_(pa.float32(), 2)),
+        }
+    )
+    ds = MapDataset(Index.from_snapshot(stage(table, tmp_path / "b", id_field="id", kind="input")))
+    equal = collate_batches([ds[0], ds[1], ds[2]])  # three rows of length 3
+    assert isinstance(equal["tokens"], list) and len(equal["tokens"]) == 3
+    assert [t.tolist() for t in equal["tokens"]] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert all(t.dtype == torch.int32 for t in equal["tokens"])
+    assert equal["v"].shape == (3, 2)  # a fixed-size list is still stacked
+    built = ds.__getitems__([0, 1, 2])
+    assert type(built["tokens"]) is type(equal["tokens"])  # same form as a fetched batch
+    for batch in DataLoader(ds, batch_size=2, collate_fn=collate_batches, num_workers=1):
+        assert isinstance(batch["tokens"], list)  # a Row survives the trip from a worker

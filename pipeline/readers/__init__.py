@@ -6,6 +6,7 @@ torch's own ``DataLoader``); every item then has exactly one owner across ranks 
 """
 
 from pipeline.readers.batches import (
+    Row,
     accepted_mask,
     accepted_only,
     collate_batches,
@@ -45,6 +46,7 @@ __all__ = [
     "PartIterableDataset",
     "ReconcileError",
     "ReconcileReport",
+    "Row",
     "SplitLoader",
     "SplitPlan",
     "Tally",

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from pipeline.bundle.errors import RowCountMismatch
 from pipeline.bundle.verify import VerifiedSnapshot, require_verified
 from pipeline.readers import split
+from pipeline.readers.batches import Row
 from pipeline.readers.index import Index
 from pipeline.readers.owner import Owner, process_rank
 from pipeline.readers.tensors import Batch, to_batch
@@ -116,10 +117,17 @@ class MapDataset(Dataset):
         """Fetch a whole batch: one Arrow ``take`` per part touched, then one conversion."""
         return to_batch(self.take(indices), self.index.schema, self.columns)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        """One row as a sample (tensors without the batch dimension, strings as ``str``)."""
+    def __getitem__(self, i: int) -> Row:
+        """One row as a sample (tensors without the batch dimension, strings as ``str``).
+
+        A :class:`~pipeline.readers.batches.Row`: ``collate_batches`` stacks rows into the same
+        batch ``__getitems__`` would build, keeping ``list<T>`` columns as lists.
+        """
         batch = to_batch(self.take([int(i)]), self.index.schema, self.columns)
-        return {k: v[0] for k, v in batch.items()}
+        ragged = frozenset(
+            c for c in self.columns if self.index.schema.field(c).type[:5] == "list<"
+        )
+        return Row({k: v[0] for k, v in batch.items()}, ragged)
 
 
 def _empty(ds: MapDataset) -> pa.Table:
