@@ -20,8 +20,14 @@ from pipeline.readers.datasets import (
     PartIterableDataset,
 )
 from pipeline.readers.index import Index, IndexMismatch
-from pipeline.readers.loader import SplitLoader, make_loader, set_epoch
-from pipeline.readers.owner import Owner, process_rank
+from pipeline.readers.loader import (
+    ReaderLoader,
+    ResumeMismatch,
+    SplitLoader,
+    make_loader,
+    set_epoch,
+)
+from pipeline.readers.owner import NoProcessGroupWarning, Owner, SplitMismatch, process_rank
 from pipeline.readers.reconcile import (
     OwnerCounts,
     ReconcileError,
@@ -40,14 +46,18 @@ __all__ = [
     "Index",
     "IndexMismatch",
     "MapDataset",
+    "NoProcessGroupWarning",
     "Owner",
     "OwnerCounts",
     "OwnerSampler",
     "PartIterableDataset",
     "ReconcileError",
     "ReconcileReport",
+    "ReaderLoader",
+    "ResumeMismatch",
     "Row",
     "SplitLoader",
+    "SplitMismatch",
     "SplitPlan",
     "Tally",
     "ValueOverflow",

@@ -214,6 +214,26 @@ def part_order(
     return parts
 
 
+def row_group_order(
+    n_groups: int, *, shuffle: bool, seed: int, epoch: int, owner: int, part: int
+) -> np.ndarray:
+    """The order an owner reads one part's row groups in: as stored, or permuted.
+
+    Each (part, row group) has its own generator, so a resumed stream can start at any row
+    group without drawing the permutations of the ones it skips.
+    """
+    if not shuffle:
+        return np.arange(n_groups, dtype=np.int64)
+    return np.random.default_rng([seed, epoch, owner, part, 0]).permutation(n_groups)
+
+
+def row_order(
+    n_rows: int, *, seed: int, epoch: int, owner: int, part: int, group: int
+) -> np.ndarray:
+    """The order an owner yields the rows of one row group in when shuffling (a permutation)."""
+    return np.random.default_rng([seed, epoch, owner, part, 1, group]).permutation(n_rows)
+
+
 # -- proving a planned split ----------------------------------------------------------------
 
 
