@@ -302,6 +302,15 @@ def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
     assert [owner_of[b[0]] for b in grouped[:4]] == [0, 0, 0, 0]
 
 
+def test_the_docs_say_what_the_batched_transfer_changes():
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[1] / "docs" / "readers.md").read_text().split())
+    assert "batches, order and ownership are unchanged" not in text
+    assert "arrive `k` at a time from each worker" in text
+    assert "the map-style order is unchanged" in text
+
+
 def test_default_transfer_batches_follows_the_worker_count(index):
     from pipeline.readers.loader import TRANSFER_ROWS, ReaderLoader
 
