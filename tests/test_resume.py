@@ -138,14 +138,14 @@ def test_the_state_is_small_plain_data_without_ids(index, style):
 def test_a_map_resume_fetches_only_what_was_not_delivered(index, tmp_path, monkeypatch):
     """Every position the resumed workers fetch is one the first run had not delivered."""
     log = tmp_path / "fetched.txt"
-    real = MapDataset.__getitems__
+    real = MapDataset.take
 
-    def logged(self, indices):
+    def logged(self, positions):
         with open(log, "a") as f:  # O_APPEND: whole lines from every forked worker
-            f.write(" ".join(map(str, indices)) + "\n")
-        return real(self, indices)
+            f.write(" ".join(map(str, positions)) + "\n")
+        return real(self, positions)
 
-    monkeypatch.setattr(MapDataset, "__getitems__", logged)
+    monkeypatch.setattr(MapDataset, "take", logged)
     kw = dict(style="map", num_workers=2, transfer_batches=4, rank=1, world_size=2)
     head, tail, state = _stop_and_resume(index, 9, **kw)
     sampler = OwnerSampler(index, rank=1, world_size=2, seed=7)

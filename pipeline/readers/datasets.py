@@ -28,7 +28,7 @@ from pipeline.readers import split
 from pipeline.readers.batches import Row
 from pipeline.readers.index import Index
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
-from pipeline.readers.tensors import Batch, to_batch
+from pipeline.readers.tensors import Batch, Wire, to_wire, wire_to_batch
 
 
 class IdleOwnerWarning(UserWarning):
@@ -114,7 +114,11 @@ class MapDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         """Fetch a whole batch: one Arrow ``take`` per part touched, then one conversion."""
-        return to_batch(self.take(indices), self.index.schema, self.columns)
+        return wire_to_batch(self.take_wire(indices))
+
+    def take_wire(self, indices: Sequence[int]) -> Wire:
+        """The batch ``__getitems__`` returns, in its wire form (what a worker sends)."""
+        return to_wire(self.take(indices), self.index.schema, self.columns)
 
     def __getitem__(self, i: int) -> Row:
         """One row as a sample (tensors without the batch dimension, strings as ``str``).
@@ -122,7 +126,7 @@ class MapDataset(Dataset):
         A :class:`~pipeline.readers.batches.Row`: ``collate_batches`` stacks rows into the same
         batch ``__getitems__`` would build, keeping ``list<T>`` columns as lists.
         """
-        batch = to_batch(self.take([int(i)]), self.index.schema, self.columns)
+        batch = wire_to_batch(self.take_wire([int(i)]))
         ragged = frozenset(
             c for c in self.columns if self.index.schema.field(c).type[:5] == "list<"
         )
@@ -463,10 +467,17 @@ class PartIterableDataset(IterableDataset):
 
     # -- streaming ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_owner(self.owner())
+        return map(wire_to_batch, self.iter_wire())
 
-    def iter_owner(self, owner: Owner) -> Iterator[Batch]:
-        """Stream the batches ``owner`` yields (what a DataLoader worker running as it sees)."""
+    def iter_wire(self) -> Iterator[Wire]:
+        """The batches ``__iter__`` yields, in their wire form (what a worker sends)."""
+        return self.iter_owner(self.owner(), wire=True)
+
+    def iter_owner(self, owner: Owner, *, wire: bool = False) -> Iterator[Batch | Wire]:
+        """Stream the batches ``owner`` yields (what a DataLoader worker running as it sees).
+
+        ``wire=True`` yields them in their :class:`~pipeline.readers.tensors.Wire` form.
+        """
         if (owner.rank, owner.world_size) != (self.rank, self.world_size):
             raise ValueError(
                 f"owner {owner} is not on this dataset's rank {self.rank}/{self.world_size}"
@@ -482,9 +493,10 @@ class PartIterableDataset(IterableDataset):
             start = self._resume[owner.worker]
             self._resume[owner.worker] = 0  # a resume point is used once
         self._progress[owner.worker] = start
-        return self._stream(owner, start)
+        stream = self._stream(owner, start)
+        return stream if wire else map(wire_to_batch, stream)
 
-    def _stream(self, owner: Owner, start: int) -> Iterator[Batch]:
+    def _stream(self, owner: Owner, start: int) -> Iterator[Wire]:
         parts = self.parts_for(owner)
         if not parts:
             if self.num_workers is None:  # else it was said once, at construction
@@ -514,8 +526,8 @@ class PartIterableDataset(IterableDataset):
             self._progress[owner.worker] = pos + pending.num_rows
             yield self._convert(pending)
 
-    def _convert(self, table: pa.Table) -> Batch:
-        return to_batch(table, self.index.schema, self.columns)
+    def _convert(self, table: pa.Table) -> Wire:
+        return to_wire(table, self.index.schema, self.columns)
 
     def _chunks(self, parts: list[int], owner: Owner, skip: int) -> Iterator[pa.Table]:
         """The owner's rows as tables, in stream order, from row ``skip`` of its stream on."""

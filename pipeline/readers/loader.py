@@ -3,8 +3,10 @@
 Map-style: ``DataLoader(MapDataset, batch_size=B, sampler=OwnerSampler, collate_fn=
 collate_batches)`` — torch's ``BatchSampler`` groups the sampler's positions, each index batch
 goes to one worker, and the worker's fetcher calls ``__getitems__`` once per batch. Iterable:
-``DataLoader(PartIterableDataset, batch_size=None, collate_fn=...)`` — the dataset batches
-itself, so torch must not batch again. :func:`make_loader` wraps either in a
+``DataLoader(PartIterableDataset, batch_size=None, collate_fn=collate_batches)`` — the dataset
+batches itself, so torch must not batch again. :func:`make_loader` builds that wiring with the
+workers sending batches in their :class:`~pipeline.readers.tensors.Wire` form (numpy and Arrow
+buffers, finished into tensors and lists in the main process) and wraps it in a
 :class:`ReaderLoader`, which cuts large worker messages into batches and counts what it
 delivered, so ``state_dict()`` / ``load_state_dict()`` resume an epoch exactly where the
 training loop stopped.
@@ -18,12 +20,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from pipeline.readers.batches import collate_batches
 from pipeline.readers.datasets import MapDataset, OwnerSampler, PartIterableDataset
 from pipeline.readers.index import Index
 from pipeline.readers.owner import Owner
+from pipeline.readers.tensors import Wire, wire_to_batch
 
 #: Rows a worker sends the main process per message by default: large enough that torch's
 #: fixed cost per message (one shared-memory segment per tensor) stops dominating.
@@ -91,11 +93,11 @@ def make_loader(
         sampler = OwnerSampler(index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
         loader_kwargs.setdefault("persistent_workers", num_workers > 0)
         inner = DataLoader(
-            ds,
+            _WireMap(ds),
             batch_size=inner_batch,
             sampler=sampler,
             num_workers=num_workers,
-            collate_fn=collate_batches,
+            collate_fn=_as_is,
             drop_last=drop_last,
             **loader_kwargs,
         )
@@ -116,24 +118,54 @@ def make_loader(
         # workers copy the dataset when an epoch starts; persistent ones would miss set_epoch
         loader_kwargs.setdefault("persistent_workers", False)
         inner = DataLoader(
-            ids,
+            _WireIterable(ids),
             batch_size=None,
             num_workers=num_workers,
-            collate_fn=tag_worker,
+            collate_fn=_as_is,
             **loader_kwargs,
         )
         return ReaderLoader(inner, batch_size)
     raise ValueError(f"style must be 'map' or 'iterable', got {style!r}")
 
 
-def tag_worker(batch: Any) -> tuple[int, Any]:
-    """The iterable loader's ``collate_fn``: the batch with the worker that read it.
+class _WireMap(Dataset):
+    """What a map-style worker fetches: ``MapDataset`` batches in their wire form."""
+
+    def __init__(self, dataset: MapDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> Wire:
+        return self.dataset.take_wire(indices)
+
+    def __getitem__(self, i: int) -> Wire:
+        return self.dataset.take_wire([i])
+
+
+class _WireIterable(IterableDataset):
+    """What an iterable worker streams: its batches in wire form, tagged with the worker.
 
     The main process counts delivered rows per worker-owner from the tag: a worker's own
     batches arrive in order, so each count is a prefix of that owner's stream.
     """
-    info = get_worker_info()
-    return (0 if info is None else info.id), collate_batches(batch)
+
+    def __init__(self, dataset: PartIterableDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[tuple[int, Wire]]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        return ((worker, w) for w in self.dataset.iter_wire())
+
+
+def _as_is(item: Any) -> Any:
+    """The ``collate_fn`` of the inner loaders: a wire batch must not be converted on the way."""
+    return item
 
 
 class ReaderLoader:
@@ -152,7 +184,7 @@ class ReaderLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.loader = loader
         self.batch_size = batch_size
-        self._iterable = isinstance(loader.dataset, PartIterableDataset)
+        self._iterable = isinstance(self.dataset, PartIterableDataset)
         self._rows: int | list[int] = self._zero_rows()
         self._pending = False  # a loaded state waits for the next __iter__
         self._untracked = False  # an untagged multi-worker iterable loader cannot be counted
@@ -165,8 +197,9 @@ class ReaderLoader:
 
     @property
     def dataset(self) -> Any:
-        """The inner loader's dataset."""
-        return self.loader.dataset
+        """The reader: the ``MapDataset`` or ``PartIterableDataset`` the workers fetch from."""
+        inner = self.loader.dataset
+        return inner.dataset if isinstance(inner, (_WireMap, _WireIterable)) else inner
 
     @property
     def transfer_batches(self) -> int:
@@ -270,11 +303,13 @@ class ReaderLoader:
             if self._iterable:
                 if isinstance(item, tuple):
                     worker, big = item
-                else:  # a DataLoader built without tag_worker
+                else:  # a DataLoader built without make_loader's worker tags
                     big = item
                     self._untracked = self._untracked or self.loader.num_workers > 1
             else:
                 big = item
+            if isinstance(big, Wire):
+                big = wire_to_batch(big)  # here, in the main process: see Wire
             n = _rows_of(big)
             for start in range(0, n, bs) if n > bs else (0,):
                 small = big if n <= bs else _cut(big, start, min(bs, n - start))
