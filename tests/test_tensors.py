@@ -185,3 +185,31 @@ def test_equal_length_list_rows_stay_a_list_when_collated(tmp_path):
     assert type(built["tokens"]) is type(equal["tokens"])  # same form as a fetched batch
     for batch in DataLoader(ds, batch_size=2, collate_fn=collate_batches, num_workers=1):
         assert isinstance(batch["tokens"], list)  # a Row survives the trip from a worker
+
+
+def test_a_wire_batch_of_a_slice_carries_only_its_own_rows():
+    """What a worker sends for 100 rows of a 10,000-row chunk is about 100 rows' bytes."""
+    import pickle
+
+    from pipeline.readers.tensors import to_wire, wire_to_batch
+
+    schema = Schema.model_validate(
+        {
+            "fields": [
+                {"name": "s", "type": "string", "nullable": False},
+                {"name": "v", "type": "fixed_size_list<float32,4>", "nullable": True},
+            ]
+        }
+    )
+    n = 10_000
+    big = pa.table(
+        {
+            "s": pa.array([f"{i:08d}" for i in range(n)], pa.string()),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(4 * n, np.float32)), 4),
+        }
+    )
+    batch = big.to_batches()[0]  # a record batch's columns are plain (sliceable) arrays
+    whole = len(pickle.dumps(to_wire(big.slice(0, 100).combine_chunks(), schema)))
+    sliced = to_wire(batch.slice(5_000, 100), schema)
+    assert len(pickle.dumps(sliced)) < 2 * whole  # not the parent's 10,000 rows
+    assert wire_to_batch(sliced)["s"] == [f"{i:08d}" for i in range(5_000, 5_100)]
