@@ -97,7 +97,18 @@ WIRINGS = [
 @pytest.mark.parametrize(("workers", "transfer"), WIRINGS)
 @pytest.mark.parametrize("style", ["map", "iterable"])
 def test_stop_after_k_batches_and_resume_exactly_once(index, style, workers, transfer, k):
-    world = 2
+    _check_every_rank(index, style, workers, transfer, k, world=2)
+
+
+@pytest.mark.parametrize(
+    ("world", "workers", "k"), [(1, 2, "middle"), (3, 2, "middle"), (3, 0, "first")]
+)
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_resume_on_other_rank_counts(index, style, world, workers, k):
+    _check_every_rank(index, style, workers, 4 if workers else 1, k, world=world)
+
+
+def _check_every_rank(index, style, workers, transfer, k, *, world):
     everything: list[str] = []
     for rank in range(world):
         kw = dict(style=style, num_workers=workers, transfer_batches=transfer)
