@@ -209,13 +209,24 @@ def main() -> None:
         results[f"map-style shuffled, epoch 1 (cold), {tag}"] = loader_rate(m)
         set_epoch(m, 1)
         results[f"map-style shuffled, epoch 2 (warm), {tag}"] = loader_rate(m)
-        if k == TRANSFER:
-            set_epoch(m, 2)
-            results[f"  same, epoch 3 (warm), without resume bookkeeping, {tag}"] = bare_rate(m)
+        if k == TRANSFER:  # best of two, alternating, so neither gets the quieter moment
+            with_, without = [], []
+            for e in (2, 3):
+                set_epoch(m, e)
+                without.append(bare_rate(m))
+                set_epoch(m, e + 2)
+                with_.append(loader_rate(m))
+            results[f"  same, warm, best of 2, {tag}"] = max(with_)
+            results[f"  same, warm, best of 2, without resume bookkeeping, {tag}"] = max(without)
         it = make_loader(index, style="iterable", shuffle=False, **kw)
         results[f"iterable, {tag}"] = loader_rate(it)
         if k == TRANSFER:
-            results[f"  same, without resume bookkeeping, {tag}"] = bare_rate(it)
+            with_, without = [], []
+            for _ in range(2):
+                without.append(bare_rate(it))
+                with_.append(loader_rate(it))
+            results[f"  same, best of 2, {tag}"] = max(with_)
+            results[f"  same, best of 2, without resume bookkeeping, {tag}"] = max(without)
             results[f"  same, resumed at mid-epoch (from load_state_dict), {tag}"] = resumed_rate(
                 index, dict(style="iterable", shuffle=False, **kw)
             )

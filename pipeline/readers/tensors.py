@@ -103,7 +103,10 @@ class Wire(dict):
 
 def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str, object]:
     """Convert one column to its wire form: ``{name: array[, name__valid: bool array]}``."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ChunkedArray):  # one chunk: a zero-copy slice, not a copy
+        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    else:
+        arr = col
     t = f.type
     out: dict[str, object] = {}
     if t in ("string", "binary"):
