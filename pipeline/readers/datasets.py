@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from torch.utils.data import Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 from pipeline.bundle.errors import RowCountMismatch
 from pipeline.bundle.verify import VerifiedSnapshot, require_verified
@@ -43,7 +43,10 @@ def _as_index(obj: object, what: str) -> Index:
 
 def _read_part(index: Index, p: int, columns: Sequence[str]) -> pa.Table:
     path, rows = index.part_paths[p], index.part_rows[p]
-    table = pq.read_table(path, columns=list(columns), memory_map=True)
+    # In a DataLoader worker, Arrow's decode threads only fight the other workers for the cores
+    # (measured: the cold map-style epoch ran ~15-40% faster without them on 2 cores).
+    threads = get_worker_info() is None
+    table = pq.read_table(path, columns=list(columns), memory_map=True, use_threads=threads)
     if table.num_rows != rows:  # the file changed after verification
         raise RowCountMismatch(
             f"{path}: manifest says {rows} rows, found {table.num_rows}; re-verify the bundle",

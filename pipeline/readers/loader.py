@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
@@ -117,6 +118,13 @@ def make_loader(
         )
         # workers copy the dataset when an epoch starts; persistent ones would miss set_epoch
         loader_kwargs.setdefault("persistent_workers", False)
+        if num_workers > 0:
+            # Batches come back in order, worker by worker, and a worker decodes a whole row
+            # group at once when shuffling: with torch's 2 messages ahead, the main process
+            # waits on that worker while the others sit full. A row group's worth ahead keeps
+            # them decoding (measured: shuffled row groups 35-60% faster at 4,096-row messages).
+            group = _row_group_rows(index)
+            loader_kwargs.setdefault("prefetch_factor", min(64, max(2, -(-group // inner_batch))))
         inner = DataLoader(
             _WireIterable(ids),
             batch_size=None,
@@ -166,6 +174,15 @@ class _WireIterable(IterableDataset):
 def _as_is(item: Any) -> Any:
     """The ``collate_fn`` of the inner loaders: a wire batch must not be converted on the way."""
     return item
+
+
+def _row_group_rows(index: Index) -> int:
+    """The largest row group of the bundle's first non-empty part (from its footer)."""
+    for path, rows in zip(index.part_paths, index.part_rows, strict=True):
+        if rows:
+            meta = pq.ParquetFile(path).metadata
+            return max(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+    return 0
 
 
 class ReaderLoader:
