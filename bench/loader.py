@@ -12,7 +12,10 @@ The raw limit is measured first and last and the higher one counts. Two rows iso
 support costs (the same inner DataLoader finished and cut without the loader's counting) and one
 what a resume costs (the second half of an epoch, timed from a fresh loader's load_state_dict).
 
-    .venv/bin/python bench/loader.py [--rows N] [--skip-rss]
+    .venv/bin/python bench/loader.py [--rows N] [--skip-rss] [--rounds N]
+
+``--rounds N`` runs only the default wiring N times, each round against its own limit, and prints
+the median and range of each ratio: on a machine whose speed drifts, one table can mislead.
 """
 
 from __future__ import annotations
@@ -186,16 +189,48 @@ def rss_child(rows: int) -> None:
     print(f"{own:.0f} {kids:.0f}")
 
 
+def rounds(index: Index, n: int) -> None:
+    """n rounds of the default wiring, each ratio against its own round's limit (first or last,
+    the higher); prints every round and the median, so a noisy machine shows as a range."""
+    kw = dict(batch_size=BATCH, num_workers=WORKERS)
+    names = ["map cold", "map warm", "iterable", "iterable shuffled", "iterable resumed"]
+    ratios: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(n):
+        before = raw_limit(index)
+        m = make_loader(index, style="map", shuffle=True, **kw)
+        rates = [loader_rate(m)]
+        set_epoch(m, 1)
+        rates.append(loader_rate(m))
+        del m
+        rates.append(loader_rate(make_loader(index, style="iterable", shuffle=False, **kw)))
+        rates.append(loader_rate(make_loader(index, style="iterable", shuffle=True, **kw)))
+        rates.append(resumed_rate(index, dict(style="iterable", shuffle=False, **kw)))
+        limit = max(before, raw_limit(index))
+        for k, v in zip(names, rates, strict=True):
+            ratios[k].append(v / limit)
+        print(
+            f"round {r + 1}: limit {limit:,.0f} rows/s; "
+            + ", ".join(f"{k} {v / limit:.2f}" for k, v in zip(names, rates, strict=True))
+        )
+    for k, v in ratios.items():
+        v = sorted(v)
+        print(f"{k:20s} median {v[len(v) // 2]:.2f}  (min {v[0]:.2f}, max {v[-1]:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2**20)
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--rss-child", type=int)
+    ap.add_argument("--rounds", type=int, default=0, help="only N rounds of the default wiring")
     args = ap.parse_args()
     if args.rss_child:
         rss_child(args.rss_child)
         return
     index = bundle(args.rows)
+    if args.rounds:
+        rounds(index, args.rounds)
+        return
     print(
         f"bundle: {len(index):,} rows in {len(index.part_rows)} parts; batch {BATCH}, "
         f"{WORKERS} workers"
