@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -273,27 +274,187 @@ def test_a_verified_snapshot_is_accepted_directly(index):
 @pytest.mark.integration
 @pytest.mark.parametrize("style", ["map", "iterable"])
 def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
+    """What larger worker messages change, and only that (docs/readers.md says the same)."""
     kw = dict(style=style, batch_size=32, num_workers=2, rank=1, world_size=2, seed=4)
-    plain = [b["item_id"] for b in make_loader(index, transfer_batches=1, **kw)]
+    plain = [tuple(b["item_id"]) for b in make_loader(index, transfer_batches=1, **kw)]
     split = make_loader(index, transfer_batches=4, **kw)
     set_epoch(split, 0)
-    grouped = [b["item_id"] for b in split]
-    short = sum(1 for b in grouped if len(b) != 32)
-    assert short <= (1 if style == "map" else 2)  # iterable: each worker-owner's last batch
+    grouped = [tuple(b["item_id"]) for b in split]
+    assert Counter(grouped) == Counter(plain)  # the same batches, each item once
+    assert len({x for b in grouped for x in b}) == sum(map(len, grouped))
     if style == "map":  # same sampler order, cut at the same places
         assert grouped == plain
-    assert sorted(x for b in grouped for x in b) == sorted(x for b in plain for x in b)
-    assert len({x for b in grouped for x in b}) == sum(map(len, grouped))
+        return
+    # iterable: each worker-owner's batches keep their order, but arrive 4 at a time from one
+    # worker instead of alternating worker by worker
+    owner_of = {
+        x: w
+        for w in range(2)
+        for p in split.dataset.parts_for(Owner(1, 2, w, 2))
+        for x in index.ids[index.part_offsets[p] : index.part_offsets[p + 1]].to_pylist()
+    }
+    for w in range(2):
+        assert [b for b in grouped if owner_of[b[0]] == w] == [
+            b for b in plain if owner_of[b[0]] == w
+        ]
+    assert grouped != plain
+    assert [owner_of[b[0]] for b in plain[:4]] == [0, 1, 0, 1]
+    assert [owner_of[b[0]] for b in grouped[:4]] == [0, 0, 0, 0]
+
+
+def test_the_docs_say_what_the_batched_transfer_changes():
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[1] / "docs" / "readers.md").read_text().split())
+    assert "batches, order and ownership are unchanged" not in text
+    assert "arrive `k` at a time from each worker" in text
+    assert "the map-style order is unchanged" in text
 
 
 def test_default_transfer_batches_follows_the_worker_count(index):
-    from torch.utils.data import DataLoader
-
-    from pipeline.readers.loader import TRANSFER_ROWS, SplitLoader
+    from pipeline.readers.loader import TRANSFER_ROWS, ReaderLoader
 
     fast = make_loader(index, batch_size=64, num_workers=2)
-    assert isinstance(fast, SplitLoader) and fast.loader.batch_size == TRANSFER_ROWS
-    assert isinstance(make_loader(index, batch_size=64, num_workers=0), DataLoader)
-    assert isinstance(make_loader(index, batch_size=64, num_workers=2, drop_last=True), DataLoader)
+    assert isinstance(fast, ReaderLoader) and fast.loader.batch_size == TRANSFER_ROWS
+    assert fast.transfer_batches == TRANSFER_ROWS // 64
+    for plain in (
+        make_loader(index, batch_size=64, num_workers=0),
+        make_loader(index, batch_size=64, num_workers=2, drop_last=True),
+    ):
+        assert isinstance(plain, ReaderLoader) and plain.loader.batch_size == 64
+        assert plain.transfer_batches == 1
     with pytest.raises(ValueError, match="drop_last"):
         make_loader(index, num_workers=2, drop_last=True, transfer_batches=4)
+
+
+# -- balanced ranks on the iterable path ------------------------------------------------------
+
+
+def test_iterable_ranks_read_even_rows_from_equal_parts(tmp_path):
+    """8 equal parts on 2 ranks x 3 workers: 400 rows per rank (rank-major owners gave 500/300)."""
+    eight = Index.from_snapshot(make_bundle(tmp_path, [100] * 8))
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IdleOwnerWarning)  # 4 parts per rank: no worker idles
+        for r in range(2):
+            ds = PartIterableDataset(eight, batch_size=64, rank=r, world_size=2)
+            got = [
+                x for w in range(3) for b in ds.iter_owner(Owner(r, 2, w, 3)) for x in b["item_id"]
+            ]
+            rows.append(len(got))
+    assert rows == [400, 400]
+    declared = PartIterableDataset(eight, batch_size=64, rank=1, world_size=2, num_workers=3)
+    assert declared.owner_rows() == [200, 100, 100]
+
+
+# -- per-row samples ----------------------------------------------------------------------------
+
+
+class PerRow(MapDataset):
+    __getitems__ = None  # torch's fetcher then calls __getitem__ once per row
+
+
+def test_a_one_row_batch_of_samples_stays_a_batch(index):
+    ds = MapDataset(index)
+    one = collate_batches([ds[42]])
+    assert one["item_id"] == ["00042"] and one["x"].shape == (1, 4)
+    assert one["label"].shape == (1,) and one["lithi_confidence__valid"].shape == (1,)
+    assert one["lithi_status"] == [ds[42]["lithi_status"]]
+
+
+def test_per_row_samples_through_concat_dataset_tally_every_id_once(index):
+    """1,009 rows in batches of 6 end in a 1-row batch, whose id was once counted by character."""
+    from torch.utils.data import ConcatDataset
+
+    from pipeline.readers import Tally, reconcile
+
+    ds = ConcatDataset([PerRow(index)])  # no __getitems__: torch fetches row by row
+    tally = Tally(index.id_field)
+    batches = list(DataLoader(ds, batch_size=6, collate_fn=collate_batches))
+    assert batches[-1]["item_id"] == ["01008"] and batches[-1]["x"].shape == (1, 4)
+    for b in batches:
+        tally.update(b)
+    report = reconcile(index.manifest, [tally.counts], ids=index.ids)
+    assert report.ok and report.items_iterated == 1009
+
+
+def test_tally_refuses_a_sample_instead_of_counting_characters(index):
+    from pipeline.readers import Tally
+
+    with pytest.raises(TypeError, match="per-row sample"):
+        Tally(index.id_field).update(MapDataset(index)[42])
+
+
+# -- len() on every loader ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style", ["map", "iterable"])
+@pytest.mark.parametrize(("workers", "transfer"), [(0, None), (2, None), (2, 1), (2, 3)])
+def test_len_of_every_loader_is_its_batch_count(index, style, workers, transfer):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IdleOwnerWarning)
+        loader = make_loader(
+            index,
+            style=style,
+            batch_size=32,
+            num_workers=workers,
+            rank=1,
+            world_size=2,
+            transfer_batches=transfer,
+            persistent_workers=False,
+        )
+        assert len(loader) == sum(1 for _ in loader)
+    if style == "map":
+        dropped = make_loader(
+            index, batch_size=32, num_workers=0, drop_last=True, rank=1, world_size=2
+        )
+        assert len(dropped) == 505 // 32 == sum(1 for _ in dropped)
+
+
+# -- the rank the readers resolve ------------------------------------------------------------
+
+
+def test_falling_back_to_rank_0_of_1_warns_when_world_size_says_otherwise(index, monkeypatch):
+    from pipeline.readers import NoProcessGroupWarning
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.warns(NoProcessGroupWarning, match="WORLD_SIZE=2"):
+        assert OwnerSampler(index).world_size == 1
+    with pytest.warns(NoProcessGroupWarning, match="init_process_group"):
+        PartIterableDataset(index, batch_size=8)
+    with pytest.warns(NoProcessGroupWarning):
+        make_loader(index, num_workers=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoProcessGroupWarning)
+        OwnerSampler(index, rank=1, world_size=2)  # explicit coordinates are a decision
+        OwnerSampler(index, rank=0, world_size=1)
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        OwnerSampler(index)
+
+
+# -- the idle-owner warning ---------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_idle_owner_warns_once_per_owner_not_per_epoch_or_worker(tmp_path, capfd, caplog):
+    two = Index.from_snapshot(make_bundle(tmp_path, [40, 30]))
+    with pytest.warns(IdleOwnerWarning) as caught:
+        loader = make_loader(
+            two,
+            style="iterable",
+            batch_size=8,
+            num_workers=3,
+            rank=0,
+            world_size=1,
+            multiprocessing_context="fork",
+        )
+    idle = [w for w in caught if issubclass(w.category, IdleOwnerWarning)]
+    assert len(idle) == 1 and "owner 2 of 3" in str(idle[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IdleOwnerWarning)
+        for epoch in range(2):
+            set_epoch(loader, epoch)
+            assert sum(len(b["item_id"]) for b in loader) == 70
+    assert "IdleOwnerWarning" not in capfd.readouterr().err  # no worker said it again
+    assert not [r for r in caplog.records if "no part to read" in r.getMessage()]

@@ -67,6 +67,39 @@ def test_sampler_batches_and_worker_distribution_are_exactly_once(
 part_lists = st.lists(st.integers(0, 500), min_size=0, max_size=40)
 
 
+@given(rows=part_lists, world=st.integers(1, 8), workers=st.integers(0, 6))
+def test_parts_go_to_ranks_first_then_to_their_workers(rows, world, workers):
+    w = max(workers, 1)
+    owned = split.parts_by_owner(rows, world * w, w)
+    assert sorted(p for g in owned for p in g) == list(range(len(rows)))  # each part once
+    ranks = [sorted(p for g in owned[r * w : (r + 1) * w] for p in g) for r in range(world)]
+    # a rank's parts never depend on how many workers the ranks run
+    assert ranks == split.rank_parts(rows, world) == split.parts_by_owner(rows, world)
+    loads = [sum(rows[p] for p in ps) for ps in ranks]
+    assert loads == split.iterable_rank_rows(rows, world)
+    if rows:
+        assert max(loads) - min(loads) <= max(rows)  # no worse than greedy LPT
+    for r in range(world):  # inside a rank, no worker idles while it has parts to spare
+        busy = sum(1 for g in owned[r * w : (r + 1) * w] if g)
+        assert busy == min(len(ranks[r]), w)
+
+
+def test_eight_equal_parts_on_two_ranks_of_three_workers_are_even():
+    """Owners numbered rank-major used to give rank 0 five parts and rank 1 three: 500/300."""
+    assert split.iterable_rank_rows([100] * 8, 2) == [400, 400]
+    owned = split.parts_by_owner([100] * 8, 6, 3)
+    assert [sum(100 for g in owned[r * 3 : r * 3 + 3] for _ in g) for r in (0, 1)] == [400, 400]
+    assert sorted(len(g) for g in owned) == [1, 1, 1, 1, 2, 2]
+
+
+def test_balance_refines_the_greedy_layout():
+    # the docs' 1,009 items in 7 uneven parts: greedy alone gives 460/549, refined 502/507
+    rows = [1, 300, 2, 250, 100, 199, 157]
+    assert sorted(split.iterable_rank_rows(rows, 2)) == [502, 507]
+    assert split.balance(rows, range(7), 1) == [list(range(7))]
+    assert split.balance([5, 0, 0], [0, 1, 2], 3) == [[0], [1], [2]]  # empty parts spread out
+
+
 @given(rows=part_lists, world=st.integers(1, 16), workers=st.integers(0, 8))
 def test_assign_parts_whole_parts_exactly_once_and_balanced(rows, world, workers):
     owners = [Owner(r, world, w, workers) for r in range(world) for w in range(max(workers, 1))]

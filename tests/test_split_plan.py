@@ -28,6 +28,16 @@ def test_a_split_that_pads_or_overlaps_is_caught(monkeypatch):
 
 
 def test_a_part_with_two_owners_is_caught(monkeypatch):
-    monkeypatch.setattr(split, "parts_by_owner", lambda rows, n: [[0, 1], [1]] + [[]] * (n - 2))
+    monkeypatch.setattr(split, "parts_by_owner", lambda rows, n, *_: [[0, 1], [1]] + [[]] * (n - 2))
     plan = plan_split(10, [5, 5], 2, 1)
     assert not plan.ok and "parts" in plan.problems[0]
+
+
+def test_plan_reports_the_iterable_rows_per_rank():
+    """The index metadata shows how evenly the iterable path loads the ranks."""
+    plan = plan_split(800, [100] * 8, 2, 3)
+    assert plan.iterable_rank_rows == [400, 400] and plan.iterable_rank_spread == 0
+    # the docs' 1,009 items in 7 uneven parts: as even as whole parts allow
+    plan = plan_split(1009, [1, 300, 2, 250, 100, 199, 157], 2, 2)
+    assert plan.ok and sorted(plan.iterable_rank_rows) == [502, 507]
+    assert plan_split(0, [], 3, 0).iterable_rank_rows == [0, 0, 0]

@@ -1,4 +1,5 @@
-"""torchrun, 2 ranks x 2 DataLoader workers, gloo on CPU: every id exactly once, no hang."""
+"""torchrun, 2 ranks x 2 DataLoader workers, gloo on CPU: every id exactly once, no hang, and an
+epoch stopped by SIGKILL resumes exactly once from the loaders' saved states."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from tests.helpers.bundles import make_bundle
 
 SCRIPT = Path(__file__).parent / "helpers" / "torchrun_coverage.py"
+RESUME_SCRIPT = Path(__file__).parent / "helpers" / "torchrun_resume.py"
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items, 7 uneven parts
 
@@ -24,7 +26,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(bundle: Path, out: Path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
+def _torchrun(
+    bundle: Path, out: Path, *extra: str, timeout: float, script: Path = SCRIPT
+) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
@@ -35,7 +39,7 @@ def _torchrun(bundle: Path, out: Path, *extra: str, timeout: float) -> subproces
         "127.0.0.1",
         "--master-port",
         str(_free_port()),
-        str(SCRIPT),
+        str(script),
         "--bundle",
         str(bundle),
         "--out",
@@ -80,3 +84,60 @@ def test_without_join_uneven_ranks_fail_instead_of_finishing(bundle, tmp_path):
     assert proc.returncode != 0
     assert "Timed out waiting" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "summary-rank0.json").exists()
+
+
+def _share_order(bundle: Path, rank: int) -> list[str]:
+    """The ids rank ``rank`` of 2 reads map-style in epoch 1, in order (seed 7, shuffled)."""
+    from pipeline.bundle.verify import verify
+    from pipeline.readers import Index, OwnerSampler
+
+    index = Index.from_snapshot(verify(bundle))
+    sampler = OwnerSampler(index, rank=rank, world_size=2, shuffle=True, seed=7)
+    sampler.set_epoch(1)
+    ids = index.ids.to_pylist()
+    return [ids[p] for p in sampler.positions()]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("k", ["first", "middle", "last"])
+def test_an_epoch_killed_by_sigkill_resumes_exactly_once(bundle, tmp_path, k):
+    stopped = _torchrun(
+        bundle, tmp_path, "--phase", "stop", "--k", k, timeout=120, script=RESUME_SCRIPT
+    )
+    assert stopped.returncode != 0, "rank 1 was meant to die by SIGKILL"
+    assert "Signal 9 (SIGKILL)" in stopped.stderr, stopped.stderr[-3000:]
+    resumed = _torchrun(bundle, tmp_path, "--phase", "resume", timeout=120, script=RESUME_SCRIPT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = sorted(f"{i:05d}" for i in range(sum(SIZES)))
+    for style in ("map", "iterable"):
+        every: list[str] = []
+        for r in (0, 1):
+            before = json.loads((tmp_path / f"stop-{style}-rank{r}.json").read_text())
+            state = json.loads((tmp_path / f"state-{style}-rank{r}.json").read_text())
+            summary = json.loads((tmp_path / f"resume-rank{r}.json").read_text())[style]
+            assert before["batches"] >= 1 and state["rank"] == r and state["epoch"] == 1
+            done = state["rows"] if style == "map" else sum(state["rows"])
+            assert done == len(before["ids"])  # the state counts what was delivered, no more
+            ids = before["ids"] + summary["resumed"]
+            assert len(ids) == len(set(ids))  # nothing twice on this rank
+            if style == "map":  # the rest of the same order, from the next position on
+                assert ids == _share_order(bundle, r)
+            if k == "last":
+                assert summary["resumed"] == []
+            for report in (summary["report"], summary["next_epoch"]):
+                # every rank reconciled interrupted + resumed reads across both ranks
+                assert report["ok"] and report["items_iterated"] == 1009, report
+                assert report["duplicates"] == 0 and report["missing"] == 0
+            every += ids
+        assert sorted(every) == expected  # across ranks: every item once
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_ranks_with_different_worker_counts_are_refused(bundle, tmp_path):
+    proc = _torchrun(bundle, tmp_path, "--phase", "mismatch", timeout=90, script=RESUME_SCRIPT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in (0, 1):  # every rank refuses, naming the values
+        error = json.loads((tmp_path / f"mismatch-rank{r}.json").read_text())["error"]
+        assert "num_workers: rank 0 = 2, rank 1 = 3" in error

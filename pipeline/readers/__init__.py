@@ -6,6 +6,7 @@ torch's own ``DataLoader``); every item then has exactly one owner across ranks 
 """
 
 from pipeline.readers.batches import (
+    Row,
     accepted_mask,
     accepted_only,
     collate_batches,
@@ -19,8 +20,14 @@ from pipeline.readers.datasets import (
     PartIterableDataset,
 )
 from pipeline.readers.index import Index, IndexMismatch
-from pipeline.readers.loader import SplitLoader, make_loader, set_epoch
-from pipeline.readers.owner import Owner, process_rank
+from pipeline.readers.loader import (
+    ReaderLoader,
+    ResumeMismatch,
+    SplitLoader,
+    make_loader,
+    set_epoch,
+)
+from pipeline.readers.owner import NoProcessGroupWarning, Owner, SplitMismatch, process_rank
 from pipeline.readers.reconcile import (
     OwnerCounts,
     ReconcileError,
@@ -39,13 +46,18 @@ __all__ = [
     "Index",
     "IndexMismatch",
     "MapDataset",
+    "NoProcessGroupWarning",
     "Owner",
     "OwnerCounts",
     "OwnerSampler",
     "PartIterableDataset",
     "ReconcileError",
     "ReconcileReport",
+    "ReaderLoader",
+    "ResumeMismatch",
+    "Row",
     "SplitLoader",
+    "SplitMismatch",
     "SplitPlan",
     "Tally",
     "ValueOverflow",

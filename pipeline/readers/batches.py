@@ -17,34 +17,50 @@ from pipeline.bundle import format as fmt
 from pipeline.readers.tensors import VALID_SUFFIX, Batch
 
 
+class Row(dict):
+    """One row as a sample (what ``MapDataset.__getitem__`` returns): a dict of its values.
+
+    It also names its variable-length ``list<T>`` columns (``ragged``), so :func:`collate_batches`
+    keeps them as lists of 1-D tensors even when every row in a batch happens to have the same
+    length; a batch's types then depend on the schema alone, never on the data.
+    """
+
+    def __init__(self, values: dict[str, Any], ragged: frozenset[str] = frozenset()) -> None:
+        super().__init__(values)
+        self.ragged = ragged
+
+    def __reduce__(self):  # a DataLoader worker pickles rows to the main process
+        return (Row, (dict(self), self.ragged))
+
+
 def collate_batches(batch: Any) -> Any:
     """A ``collate_fn`` that passes built dict batches through and stacks per-row samples.
 
-    A dict (from ``__getitems__`` or an iterable batch) is returned as is; a list of per-row
-    dicts (from ``__getitem__``) becomes one batch with tensors stacked and strings, bytes and
-    variable-length lists kept as Python lists — never turned into tensors.
+    A dict (from ``__getitems__`` or an iterable batch) is returned as is. A list of per-row
+    dicts (from ``__getitem__``, e.g. through ``ConcatDataset``) becomes one batch, even of one
+    row: scalars and fixed-size vectors are stacked to ``[B]`` / ``[B, N]`` tensors; strings,
+    bytes and ``None`` stay Python lists (an id is never split into characters); the
+    variable-length columns a :class:`Row` names stay lists of 1-D tensors. Tensors of differing
+    shapes in a plain dict are kept as a list rather than refused.
     """
     if isinstance(batch, dict):
         return batch
-    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], dict):
-        if len(batch) == 1 and _is_batch(batch[0]):
-            return batch[0]
+    if isinstance(batch, (list, tuple)) and batch and all(isinstance(r, dict) for r in batch):
+        ragged = getattr(batch[0], "ragged", frozenset())
         out: dict[str, Any] = {}
         for key in batch[0]:
             values = [row[key] for row in batch]
-            if all(isinstance(v, torch.Tensor) for v in values) and _same_shape(values):
+            if (
+                key not in ragged
+                and all(isinstance(v, torch.Tensor) for v in values)
+                and _same_shape(values)
+            ):
                 out[key] = torch.stack(values)
             else:
                 out[key] = values
         return out
     raise TypeError(
         f"collate_batches expects a dict batch or a list of dict rows, got {batch!r:.80}"
-    )
-
-
-def _is_batch(d: dict) -> bool:
-    return any(isinstance(v, list) for v in d.values()) or any(
-        isinstance(v, torch.Tensor) and v.dim() > 0 for v in d.values()
     )
 
 

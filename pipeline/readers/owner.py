@@ -7,12 +7,24 @@ never from environment guesses.
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
 from pipeline.readers import split
+
+
+class SplitMismatch(ValueError):
+    """Ranks of one process group built readers with different split parameters."""
+
+
+class NoProcessGroupWarning(UserWarning):
+    """Rank and world size fell back to (0, 1) although the environment names a larger world."""
 
 
 @dataclass(frozen=True)
@@ -62,4 +74,40 @@ def process_rank(rank: int | None = None, world_size: int | None = None) -> tupl
         return rank, world_size
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    env_world = os.environ.get("WORLD_SIZE", "")
+    if env_world.isdigit() and int(env_world) > 1:
+        warnings.warn(
+            f"no process group is initialised, so this reader runs as rank 0 of 1, but "
+            f"WORLD_SIZE={env_world} (RANK={os.environ.get('RANK', '?')}) is set: every rank "
+            "would read every item. Call torch.distributed.init_process_group() before building "
+            "the sampler, dataset or loader, or pass rank= and world_size=",
+            NoProcessGroupWarning,
+            stacklevel=3,
+        )
     return 0, 1
+
+
+def agree_across_ranks(what: str, params: Mapping[str, Any], rank: int, world_size: int) -> None:
+    """Refuse, on every rank, a reader whose split parameters differ between the ranks.
+
+    Runs one ``all_gather_object`` of ``params`` when a process group is initialised and
+    (``rank``, ``world_size``) are its own, so every rank must build the same readers in the same
+    order (as with any collective). Raises :class:`SplitMismatch` naming each differing value by
+    rank. Without a process group (or for a reader pinned to other coordinates) it does nothing.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if (rank, world_size) != (dist.get_rank(), dist.get_world_size()) or world_size == 1:
+        return
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, dict(params))
+    differ = [
+        f"{key}: " + ", ".join(f"rank {r} = {g.get(key)!r}" for r, g in enumerate(gathered))
+        for key in params
+        if any(g.get(key) != gathered[0].get(key) for g in gathered)
+    ]
+    if differ:
+        raise SplitMismatch(
+            f"ranks disagree on the split of {what}; every rank must build it with the same "
+            "parameters or items are read twice or not at all: " + "; ".join(differ)
+        )

@@ -64,6 +64,12 @@ class Tally:
     def update(self, batch: dict) -> None:
         """Add one dict batch: its ids and, for result bundles, its ``lithi_status`` values."""
         ids = batch[self.id_field]
+        if isinstance(ids, (str, bytes)):
+            # pa.array("00042") would count five one-character ids
+            raise TypeError(
+                f"batch[{self.id_field!r}] is one {type(ids).__name__} ({ids!r:.40}), not a list "
+                "of ids: this is a per-row sample, not a batch; collate rows with collate_batches"
+            )
         self.counts.id_chunks.append(pa.array(ids, type=pa.string()))
         status = batch.get(fmt.STATUS_COLUMN)
         if status is not None:

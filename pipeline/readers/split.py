@@ -9,10 +9,13 @@ partitioning, without its padding). Nothing here pads, repeats or drops an item.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
+
+#: Bound on the move/swap steps :func:`balance` takes after its greedy pass.
+_MAX_STEPS = 256
 
 
 def _check_owner(index: int, count: int, what: str) -> None:
@@ -56,32 +59,140 @@ def map_positions(
     return positions
 
 
-def assign_parts(part_rows: Sequence[int], owner_index: int, n_owners: int) -> list[int]:
+def assign_parts(
+    part_rows: Sequence[int], owner_index: int, n_owners: int, workers_per_rank: int = 1
+) -> list[int]:
     """Whole parts owner ``owner_index`` of ``n_owners`` reads, in part order.
 
-    Greedy longest-processing-time: parts in decreasing row count (ties by lower position) each
-    go to the owner with the fewest rows so far (ties by lower owner index). Deterministic from
-    the row counts alone — never from a path's hash — so every process computes the same answer.
+    Owners are numbered rank-major (``rank * workers_per_rank + worker``); see
+    :func:`parts_by_owner` for how parts are laid out. Deterministic from the row counts alone —
+    never from a path's hash — so every process computes the same answer.
     """
     _check_owner(owner_index, n_owners, "owner")
-    return parts_by_owner(part_rows, n_owners)[owner_index]
+    return parts_by_owner(part_rows, n_owners, workers_per_rank)[owner_index]
 
 
-def parts_by_owner(part_rows: Sequence[int], n_owners: int) -> list[list[int]]:
-    """Every owner's parts (see :func:`assign_parts`): a list of ``n_owners`` sorted part lists."""
+def parts_by_owner(
+    part_rows: Sequence[int], n_owners: int, workers_per_rank: int = 1
+) -> list[list[int]]:
+    """Every owner's parts, rank-major: a list of ``n_owners`` sorted part lists.
+
+    Whole parts go to the ``n_owners / workers_per_rank`` ranks first, balanced by rows, and
+    then each rank's parts to its ``workers_per_rank`` workers, balanced the same way (see
+    :func:`balance`). So a rank's share of rows never depends on how many workers it or any
+    other rank runs, and ranks stay even under DDP even when parts outnumber owners only a little
+    (8 equal parts on 2 ranks x 3 workers: 400/400 rows, not 500/300).
+    With ``workers_per_rank=1`` this is one balanced layout over ``n_owners``.
+    """
     if n_owners < 1:
         raise ValueError(f"owner count must be >= 1, got {n_owners}")
+    if workers_per_rank < 1 or n_owners % workers_per_rank:
+        raise ValueError(
+            f"workers_per_rank must be >= 1 and divide the owner count {n_owners}, "
+            f"got {workers_per_rank}"
+        )
     if any(r < 0 for r in part_rows):
         raise ValueError("part row counts must be >= 0")
-    order = sorted(range(len(part_rows)), key=lambda p: (-part_rows[p], p))
-    heap = [(0, 0, o) for o in range(n_owners)]  # (rows, parts held, owner)
-    owned: list[list[int]] = [[] for _ in range(n_owners)]
+    rows = [int(r) for r in part_rows]
+    out: list[list[int]] = []
+    for rank_parts in balance(rows, range(len(rows)), n_owners // workers_per_rank):
+        out.extend(balance(rows, rank_parts, workers_per_rank))
+    return out
+
+
+def rank_parts(part_rows: Sequence[int], world_size: int) -> list[list[int]]:
+    """The parts each rank's workers share on the iterable path (independent of worker counts)."""
+    return parts_by_owner(part_rows, world_size)
+
+
+def iterable_rank_rows(part_rows: Sequence[int], world_size: int) -> list[int]:
+    """Rows each rank reads on the iterable path: the per-rank spread to report and watch."""
+    return [sum(part_rows[p] for p in ps) for ps in rank_parts(part_rows, world_size)]
+
+
+def balance(rows: Sequence[int], items: Iterable[int], n_bins: int) -> list[list[int]]:
+    """Split whole ``items`` (indices into ``rows``) into ``n_bins`` sorted lists, even by rows.
+
+    Greedy longest-processing-time first: items by decreasing rows (ties: lower index) each go to
+    the bin with the fewest rows so far (ties: fewer items, so empty items spread out too, then
+    lower bin). Then, while it narrows the gap between the heaviest and the lightest bin, one
+    item moves from the heaviest to the lightest or two items swap between them. Deterministic
+    from the row counts alone; the loads only ever move towards each other, so the spread stays
+    within the largest item's rows.
+    """
+    if n_bins < 1:
+        raise ValueError(f"bin count must be >= 1, got {n_bins}")
+    order = sorted(items, key=lambda p: (-rows[p], p))
+    heap = [(0, 0, b) for b in range(n_bins)]  # (rows, items held, bin)
+    bins: list[list[int]] = [[] for _ in range(n_bins)]
+    loads = [0] * n_bins
     for p in order:
-        rows, held, o = heapq.heappop(heap)
-        owned[o].append(p)
-        # parts held breaks ties between owners of equal rows, so empty parts spread out too
-        heapq.heappush(heap, (rows + part_rows[p], held + 1, o))
-    return [sorted(ps) for ps in owned]
+        load, held, b = heapq.heappop(heap)
+        bins[b].append(p)
+        loads[b] = load + rows[p]
+        heapq.heappush(heap, (loads[b], held + 1, b))
+    for _ in range(_MAX_STEPS):  # each step lowers the sum of squared loads, so it ends anyway
+        hi = max(range(n_bins), key=lambda b: (loads[b], -b))
+        lo = min(range(n_bins), key=lambda b: (loads[b], b))
+        step = _narrowing_step(rows, bins[hi], bins[lo], loads[hi] - loads[lo])
+        if step is None:
+            break
+        give, take = step  # give moves hi -> lo; take (or None) moves lo -> hi
+        bins[hi].remove(give)
+        bins[lo].append(give)
+        delta = rows[give]
+        if take is not None:
+            bins[lo].remove(take)
+            bins[hi].append(take)
+            delta -= rows[take]
+        loads[hi] -= delta
+        loads[lo] += delta
+    return [sorted(b) for b in bins]
+
+
+def _narrowing_step(
+    rows: Sequence[int], heavy: list[int], light: list[int], gap: int
+) -> tuple[int, int | None] | None:
+    """The move or swap between two bins that leaves them closest to equal, if any narrows them.
+
+    Moving ``d`` rows from the heavy bin to the light one leaves a gap of ``|gap - 2d|``, which
+    is narrower exactly when ``0 < d < gap``. Ties go to a move, then to the lower part index.
+    """
+    if gap <= 1 or not heavy:
+        return None
+    h = np.array(sorted(heavy, key=lambda p: (rows[p], p)), dtype=np.int64)
+    hv = np.array([rows[p] for p in h], dtype=np.int64)
+    best: tuple[int, int, int, int] | None = None  # (new gap, kind, give, take)
+    ok = (hv > 0) & (hv < gap)
+    if ok.any():
+        k = np.flatnonzero(ok)
+        scores = np.abs(gap - 2 * hv[k])
+        j = k[np.argmin(scores)]
+        best = (int(np.abs(gap - 2 * hv[j])), 0, int(h[j]), -1)
+    if light:
+        lp = np.array(sorted(light, key=lambda p: (rows[p], p)), dtype=np.int64)
+        lv = np.array([rows[p] for p in lp], dtype=np.int64)
+        # for each heavy item, the light items nearest to (its rows - gap / 2)
+        at = np.searchsorted(2 * lv, 2 * hv - gap)
+        for cand in (at - 1, at):
+            valid = (cand >= 0) & (cand < len(lv))
+            if not valid.any():
+                continue
+            i = np.flatnonzero(valid)
+            d = hv[i] - lv[cand[i]]
+            good = (d > 0) & (d < gap)
+            if not good.any():
+                continue
+            i = i[good]
+            scores = np.abs(gap - 2 * (hv[i] - lv[cand[i]]))
+            j = int(np.argmin(scores))
+            option = (int(scores[j]), 1, int(h[i[j]]), int(lp[cand[i[j]]]))
+            if best is None or option < best:
+                best = option
+    if best is None or best[0] >= gap:
+        return None
+    _, kind, give, take = best
+    return (give, None) if kind == 0 else (give, take)
 
 
 def owner_index(rank: int, world_size: int, worker: int, num_workers: int) -> tuple[int, int]:
@@ -103,6 +214,26 @@ def part_order(
     return parts
 
 
+def row_group_order(
+    n_groups: int, *, shuffle: bool, seed: int, epoch: int, owner: int, part: int
+) -> np.ndarray:
+    """The order an owner reads one part's row groups in: as stored, or permuted.
+
+    Each (part, row group) has its own generator, so a resumed stream can start at any row
+    group without drawing the permutations of the ones it skips.
+    """
+    if not shuffle:
+        return np.arange(n_groups, dtype=np.int64)
+    return np.random.default_rng([seed, epoch, owner, part, 0]).permutation(n_groups)
+
+
+def row_order(
+    n_rows: int, *, seed: int, epoch: int, owner: int, part: int, group: int
+) -> np.ndarray:
+    """The order an owner yields the rows of one row group in when shuffling (a permutation)."""
+    return np.random.default_rng([seed, epoch, owner, part, 1, group]).permutation(n_rows)
+
+
 # -- proving a planned split ----------------------------------------------------------------
 
 
@@ -114,11 +245,19 @@ class SplitPlan:
     rank_sizes: list[int]
     part_owners: list[list[int]]
     problems: list[str]
+    #: rows each rank reads on the iterable path (whole parts, balanced by rows across ranks)
+    iterable_rank_rows: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """Whether every item and every part has exactly one owner."""
         return not self.problems
+
+    @property
+    def iterable_rank_spread(self) -> int:
+        """Rows between the busiest and the idlest rank on the iterable path (0 is even)."""
+        rows = self.iterable_rank_rows
+        return max(rows) - min(rows) if rows else 0
 
 
 def plan_split(
@@ -130,7 +269,12 @@ def plan_split(
     seed: int = 0,
     epoch: int = 0,
 ) -> SplitPlan:
-    """Lay out the split for ``world_size`` ranks of ``num_workers`` workers and check it."""
+    """Lay out the split for ``world_size`` ranks of ``num_workers`` workers and check it.
+
+    The plan also reports the per-rank rows of the iterable path (``iterable_rank_rows`` and
+    its ``iterable_rank_spread``), for the index metadata: ranks that read very different row
+    counts idle in ``Join`` under DDP.
+    """
     problems: list[str] = []
     shares = [
         map_positions(n_items, r, world_size, shuffle=True, seed=seed, epoch=epoch)
@@ -145,11 +289,15 @@ def plan_split(
         )
     if sizes and max(sizes) - min(sizes) > 1:
         problems.append(f"map-style shares differ by more than one item: {sizes}")
-    owners = max(1, world_size * max(num_workers, 1))
-    parts = parts_by_owner(part_rows, owners)
+    workers = max(num_workers, 1)
+    parts = parts_by_owner(part_rows, max(1, world_size * workers), workers)
     held = sorted(p for owned in parts for p in owned)
     if held != list(range(len(part_rows))):
         problems.append(
             f"iterable owners hold parts {held}; expected each of {len(part_rows)} once"
         )
-    return SplitPlan(n_items, sizes, parts, problems)
+    rank_rows = [
+        sum(part_rows[p] for owned in parts[r * workers : (r + 1) * workers] for p in owned)
+        for r in range(world_size)
+    ]
+    return SplitPlan(n_items, sizes, parts, problems, rank_rows)

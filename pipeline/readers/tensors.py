@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +42,8 @@ _TORCH = {
     "timestamp[us,UTC]": torch.int64,
 }
 _NUMPY_VIEW = {"date32": np.int32, "timestamp[us,UTC]": np.int64}
+#: the numpy dtype of each batch dtype above (what a wire batch carries)
+_NUMPY = {k: torch.empty(0, dtype=v).numpy().dtype for k, v in _TORCH.items()}
 _INT64_MAX = 2**63 - 1
 
 
@@ -62,8 +65,9 @@ def _from_numpy(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
-def _scalars(arr: pa.Array, type_name: str, name: str) -> torch.Tensor:
-    """A flat numeric/bool/date/timestamp Arrow array (nulls filled) as a 1-D tensor."""
+def _scalars(arr: pa.Array, type_name: str, name: str) -> np.ndarray:
+    """A flat numeric/bool/date/timestamp Arrow array (nulls filled) as 1-D numpy of the
+    declared batch dtype (zero-copy where no fill or widening is needed)."""
     if arr.null_count:
         fill = (
             float("nan") if type_name.startswith("float") else (False if type_name == "bool" else 0)
@@ -79,48 +83,123 @@ def _scalars(arr: pa.Array, type_name: str, name: str) -> torch.Tensor:
                 "torch has no full uint64 tensor, so the value cannot be kept exactly"
             )
     np_arr = arr.to_numpy(zero_copy_only=False)
-    want = _TORCH[type_name]
-    t = _from_numpy(np_arr)
-    return t if t.dtype == want else t.to(want)
+    want = _NUMPY[type_name]
+    if np_arr.dtype == want:
+        return np_arr
+    if type_name == "uint64":  # checked above: every value fits, so the bits are the value
+        return np_arr.view(np.int64)
+    return np_arr.astype(want)
 
 
-def column_to_torch(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str, object]:
-    """Convert one column to its declared batch form: ``{name: value[, name__valid: mask]}``."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+class Wire(dict):
+    """A batch on its way from a DataLoader worker to the main process (``name -> array``).
+
+    Numeric columns and masks are numpy arrays of their final dtype and strings, binary and
+    ``list<T>`` stay Arrow arrays: both pickle as flat buffers, while torch tensors would each
+    cost a new shared-memory segment and Python strings an object each, on both sides. The
+    main process finishes it with :func:`wire_to_batch`, the same conversion ``to_batch`` does.
+    """
+
+
+def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str, object]:
+    """Convert one column to its wire form: ``{name: array[, name__valid: bool array]}``."""
+    if isinstance(col, pa.ChunkedArray):  # one chunk: a zero-copy slice, not a copy
+        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    else:
+        arr = col
     t = f.type
     out: dict[str, object] = {}
     if t in ("string", "binary"):
-        out[f.name] = arr.to_pylist()
+        out[f.name] = _own_buffers(arr)  # to Python lists in wire_to_batch
+        return out
+    if t.startswith("list<"):  # values and lengths; a null list is an empty one
+        flat = _scalars(arr.flatten(), _element(t), f.name)
+        out[f.name] = Ragged(flat, np.diff(arr.offsets.to_numpy()))
         return out
     if t.startswith("fixed_size_list<"):
         n = arr.type.list_size
+        # a null row is filled like a null scalar (NaN for floats, 0/False otherwise); its slot
+        # in the child array may hold anything, so it is replaced, not trusted
         values = (
-            pc.list_flatten(pc.fill_null(arr, _zero_list(arr.type)))
+            pc.list_flatten(pc.fill_null(arr, _null_fill_list(arr.type)))
             if arr.null_count
-            else (arr.flatten())
+            else arr.flatten()
         )
-        flat = _scalars(values, _element(t), f.name)
-        out[f.name] = flat.reshape(len(arr), n)
-    elif t.startswith("list<"):
-        elem = _element(t)
-        flat = _scalars(arr.flatten(), elem, f.name)
-        offsets = arr.offsets.to_numpy()
-        lengths = np.diff(offsets)
-        out[f.name] = list(torch.split(flat, lengths.tolist())) if len(arr) else []
-        return out  # an empty tensor stands for a null list; nothing else to mask
+        out[f.name] = _scalars(values, _element(t), f.name).reshape(len(arr), n)
     else:
         out[f.name] = _scalars(arr, t, f.name)
     if f.nullable:
         valid = arr.is_valid().to_numpy(zero_copy_only=False)
-        out[f.name + VALID_SUFFIX] = torch.from_numpy(np.ascontiguousarray(valid, dtype=np.bool_))
+        out[f.name + VALID_SUFFIX] = np.ascontiguousarray(valid, dtype=np.bool_)
     return out
 
 
-def _zero_list(list_type: pa.FixedSizeListType) -> pa.Scalar:
-    zero = 0.0 if pa.types.is_floating(list_type.value_type) else 0
-    if pa.types.is_boolean(list_type.value_type):
-        zero = False
-    return pa.scalar([zero] * list_type.list_size, list_type)
+def _own_buffers(arr: pa.Array) -> pa.Array:
+    """``arr``, copied into buffers of its own size if it is a slice of a larger array.
+
+    Pickling a slice ships its parent's whole buffers: a 4,096-row slice of a 65,536-row row
+    group would cross the pipe sixteen times over.
+    """
+    if arr.get_total_buffer_size() <= 2 * arr.nbytes + 4096:
+        return arr
+    return pa.concat_arrays([arr])
+
+
+class Ragged(NamedTuple):
+    """A ``list<T>`` column on the wire: every row's values end to end, and each row's length."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+
+
+def _finish(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        return _from_numpy(value)
+    if isinstance(value, Ragged):
+        flat = _from_numpy(value.values)
+        return list(torch.split(flat, value.lengths.tolist())) if len(value.lengths) else []
+    return value.to_pylist()  # type: ignore[attr-defined]
+
+
+def wire_to_batch(wire: dict[str, object]) -> Batch:
+    """Finish a :class:`Wire` batch: numpy to tensors (zero-copy), Arrow strings to lists."""
+    return {k: _finish(v) for k, v in wire.items()}  # type: ignore[misc]
+
+
+def column_to_torch(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str, object]:
+    """Convert one column to its declared batch form: ``{name: value[, name__valid: mask]}``."""
+    return wire_to_batch(column_to_wire(col, f))
+
+
+def _null_fill_list(list_type: pa.FixedSizeListType) -> pa.Scalar:
+    value_type = list_type.value_type
+    fill: float | int | bool = 0
+    if pa.types.is_floating(value_type):
+        fill = float("nan")
+    elif pa.types.is_boolean(value_type):
+        fill = False
+    return pa.scalar([fill] * list_type.list_size, list_type)
+
+
+def to_wire(
+    data: pa.Table | pa.RecordBatch, schema: Schema, columns: Iterable[str] | None = None
+) -> Wire:
+    """Convert a table or record batch to a :class:`Wire` batch typed by the declared ``schema``.
+
+    ``columns`` (default: every column of ``data``) must all be declared; a column whose Arrow
+    type differs from its declaration is refused rather than silently converted.
+    """
+    names = list(columns) if columns is not None else list(data.schema.names)
+    wire = Wire()
+    for name in names:
+        f = schema.field(name)
+        col = data.column(name)
+        if col.type != f.arrow_type:
+            raise TypeError(
+                f"column {name!r}: declared {f.type} ({f.arrow_type}), found Arrow {col.type}"
+            )
+        wire.update(column_to_wire(col, f))
+    return wire
 
 
 def to_batch(
@@ -131,14 +210,4 @@ def to_batch(
     ``columns`` (default: every column of ``data``) must all be declared; a column whose Arrow
     type differs from its declaration is refused rather than silently converted.
     """
-    names = list(columns) if columns is not None else list(data.schema.names)
-    batch: Batch = {}
-    for name in names:
-        f = schema.field(name)
-        col = data.column(name)
-        if col.type != f.arrow_type:
-            raise TypeError(
-                f"column {name!r}: declared {f.type} ({f.arrow_type}), found Arrow {col.type}"
-            )
-        batch.update(column_to_torch(col, f))
-    return batch
+    return wire_to_batch(to_wire(data, schema, columns))

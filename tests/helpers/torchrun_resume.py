@@ -1,0 +1,132 @@
+"""Launched by ``tests/test_torchrun.py`` under torchrun: stop an epoch by SIGKILL, resume it.
+
+``--phase stop``: every rank reads ``k`` batches (``first``, ``middle`` or ``last`` of its own
+epoch) from a map-style and an iterable loader (2 workers each, several batches a worker
+message, so batches are prefetched beyond ``k``), writes what it delivered and each loader's
+``state_dict()`` as a checkpoint would, and then rank 1 SIGKILLs itself with both loaders
+mid-iteration; torchrun tears rank 0 down. ``--phase resume``: a fresh torchrun builds the same
+loaders, ``load_state_dict``s each rank's saved state, reads the rest of the epoch and reconciles
+the interrupted and the resumed reads together across ranks, then reads the next epoch whole.
+``--phase mismatch``: rank 1 builds its loader with another worker count, which every rank must
+refuse at construction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from pipeline.bundle.verify import verify
+from pipeline.readers.index import Index
+from pipeline.readers.loader import make_loader, set_epoch
+from pipeline.readers.owner import SplitMismatch
+from pipeline.readers.reconcile import Tally, reconcile_distributed
+
+EPOCH = 1
+STYLES = ("map", "iterable")
+
+
+def loader_for(index: Index, style: str, num_workers: int = 2):
+    return make_loader(
+        index,
+        style=style,
+        batch_size=16,
+        num_workers=num_workers,
+        transfer_batches=4,
+        seed=7,
+        shuffle=True,
+    )
+
+
+def write_json(path: Path, data: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)  # a checkpoint is whole or absent
+
+
+def stop(index: Index, out: Path, k: str, rank: int) -> None:
+    iterators = []  # kept alive: the workers are still prefetching when the rank dies
+    for style in STYLES:
+        loader = loader_for(index, style)
+        set_epoch(loader, EPOCH)
+        n = {"first": 1, "middle": len(loader) // 2, "last": len(loader)}[k]
+        it = iter(loader)
+        batches = [next(it) for _ in range(n)]
+        iterators.append(it)
+        delivered = {
+            "ids": [x for b in batches for x in b[index.id_field]],
+            "status": [x for b in batches for x in b["lithi_status"]],
+            "batches": n,
+        }
+        write_json(out / f"stop-{style}-rank{rank}.json", delivered)
+        write_json(out / f"state-{style}-rank{rank}.json", loader.state_dict())
+    dist.barrier()  # both ranks have saved their checkpoints
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # rank 0 is mid-epoch too when torchrun ends it
+
+
+def resume(index: Index, out: Path, rank: int) -> None:
+    summary: dict[str, dict] = {}
+    for style in STYLES:
+        loader = loader_for(index, style)
+        loader.load_state_dict(json.loads((out / f"state-{style}-rank{rank}.json").read_text()))
+        set_epoch(loader, EPOCH)
+        before = json.loads((out / f"stop-{style}-rank{rank}.json").read_text())
+        tally = Tally(index.id_field, label=f"rank{rank}")
+        # what was trained on before the kill
+        tally.update({index.id_field: before["ids"], "lithi_status": before["status"]})
+        resumed: list[str] = []
+        for batch in loader:
+            tally.update(batch)
+            resumed += batch[index.id_field]
+        report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
+        set_epoch(loader, EPOCH + 1)
+        nxt = Tally(index.id_field, label=f"rank{rank}")
+        for batch in loader:
+            nxt.update(batch)
+        next_report = reconcile_distributed(index.manifest, nxt.counts, ids=index.ids)
+        summary[style] = {
+            "resumed": resumed,
+            "report": report.as_dict(),
+            "next_epoch": next_report.as_dict(),
+        }
+    write_json(out / f"resume-rank{rank}.json", summary)
+
+
+def mismatch(index: Index, out: Path, rank: int) -> None:
+    try:
+        loader_for(index, "iterable", num_workers=2 + rank)
+    except SplitMismatch as e:
+        write_json(out / f"mismatch-rank{rank}.json", {"error": str(e)})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--phase", choices=["stop", "resume", "mismatch"], required=True)
+    ap.add_argument("--k", choices=["first", "middle", "last"], default="middle")
+    args = ap.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank = dist.get_rank()
+    out = Path(args.out)
+    index = Index.from_snapshot(verify(args.bundle))
+    if args.phase == "stop":
+        stop(index, out, args.k, rank)
+    elif args.phase == "resume":
+        resume(index, out, rank)
+    else:
+        mismatch(index, out, rank)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
