@@ -19,9 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from pipeline.bundle.format import VALID_SUFFIX
 from pipeline.bundle.manifest import Schema, SchemaField
-
-VALID_SUFFIX = "__valid"
 
 Batch = dict[str, "torch.Tensor | list"]
 
