@@ -1,5 +1,8 @@
 """The README's main command, as a subprocess: PARTIAL first, real daemon + sensor, summary, exit 0.
 
+Run twice: on the project's SQLite instance, and on a PostgreSQL-backed one (deploy/dagster.yaml,
+a fresh database on the server LITHI_TEST_POSTGRES_URL names; skipped, loudly, without one).
+
 Nothing is driven by hand: the demo submits a job that loses 30% of its items, starts the real
 ``dagster-daemon`` on a temporary SQLite instance, and waits while the sensor requests the
 resubmission, the local Compute publishes the newer manifest, and the chain rebuilds from it
@@ -11,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -23,16 +28,31 @@ from pipeline.defs import samples
 from pipeline.defs.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT
+from tests.helpers.postgres import fresh_database, postgres_home
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def storage(request, tmp_path, monkeypatch) -> Iterator[dict[str, str]]:
+    """The demo's instance: the project's SQLite one, or the deploy/ Postgres one."""
+    dagster_home = tmp_path / "dagster_home"
+    if request.param == "sqlite":
+        dagster_home.mkdir()
+        shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", dagster_home / "dagster.yaml")
+        yield {"DAGSTER_HOME": str(dagster_home)}
+        return
+    with fresh_database() as url:
+        env = postgres_home(dagster_home, url)
+        # This process opens the instance too (to read the runs back).
+        monkeypatch.setenv("DAGSTER_POSTGRES_URL", env["DAGSTER_POSTGRES_URL"])
+        yield env
 
 
 @pytest.mark.integration
-def test_demo_ends_with_a_reconciled_summary_and_exit_0(tmp_path):
-    dagster_home, home = tmp_path / "dagster_home", tmp_path / "lithi"
-    dagster_home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", dagster_home / "dagster.yaml")
+def test_demo_ends_with_a_reconciled_summary_and_exit_0(tmp_path, storage):
+    dagster_home, home = Path(storage["DAGSTER_HOME"]), tmp_path / "lithi"
     env = {
-        **os.environ,
-        "DAGSTER_HOME": str(dagster_home),
+        **{k: v for k, v in os.environ.items() if not k.startswith("LITHI_")},
+        **storage,
         "LITHI_HOME": str(home),
         "LITHI_NUM_WORKERS": "0",
     }
