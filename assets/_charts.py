@@ -1,23 +1,13 @@
-"""Pictures for the UI: a loss curve as an SVG file and as a Markdown bar chart.
+"""A picture for the UI: the loss curve as an SVG chart, inlined in the asset's metadata.
 
-The SVG is written beside the checkpoint (linked from the metadata); the Markdown chart renders
-inline on the asset page, so the curve is seen at a glance without opening a file.
+The SVG is written beside the checkpoint and shown inline on the asset page (a ``data:`` URI in
+Markdown), so the curve is seen at a glance without opening a file.
 """
 
 import base64
 from pathlib import Path
 
 from pipeline.bundle.atomic import atomic_write_text
-
-
-def loss_markdown(curve: list[float], title: str = "Training loss by epoch") -> str:
-    """A Markdown table with one bar per epoch, scaled to the largest loss."""
-    top = max(curve) if curve else 1.0
-    rows = [f"**{title}**", "", "| epoch | loss | |", "|---:|---:|:---|"]
-    for i, v in enumerate(curve, 1):
-        bar = "█" * max(1, round(30 * v / top)) if top > 0 else ""
-        rows.append(f"| {i} | {v:.4f} | `{bar}` |")
-    return "\n".join(rows)
 
 
 def loss_svg(curve: list[float], path: Path, *, width: int = 480, height: int = 240) -> Path:

@@ -9,8 +9,19 @@ from pipeline.training.trainer import FeatureSet
 
 
 def digest(sha256: str) -> dg.MetadataValue:
-    """A 64-hex digest as a text value (full; the UI's copy button gives the whole string)."""
-    return dg.MetadataValue.text(sha256)
+    """A 64-hex digest, readable in full: two 32-character lines of code.
+
+    The UI's metadata table never wraps a value, and one 64-character line is wider than its
+    value column at common window sizes, so a single line is clipped; two halves fit. Programs
+    read digests from the records (JSON) or with :func:`plain`.
+    """
+    return dg.MetadataValue.md(f"`{sha256[:32]}`  \n`{sha256[32:]}`")
+
+
+def plain(value: object) -> str:
+    """The text of a metadata value as :func:`digest` (or any other helper here) wrote it."""
+    text = getattr(value, "value", value)
+    return "".join(str(text).replace("`", "").split())
 
 
 def identity(prefix: str, snap: SnapshotId) -> dict[str, dg.MetadataValue]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets import _metadata as md
 from assets._group import CHAIN_GROUP
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Manifest
@@ -46,7 +47,7 @@ def observation(
         "status": job.status if job is not None else "n/a",
         "attempt": job.attempt if job is not None else 1,
         "parent_version_id": (job.parent_version_id if job is not None else None) or "none",
-        "content_sha256": dg.MetadataValue.md(f"`{manifest.snapshot.content_sha256}`"),
+        "content_sha256": md.digest(manifest.snapshot.content_sha256),
         **{c: counts.get(c) or 0 for c in COUNTS},
         "change": change,
         **{f"change/{c}": n for c, n in moved.items()},

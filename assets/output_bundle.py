@@ -67,7 +67,7 @@ def output_bundle(
             **md.identity("input", training.snapshot),
             **md.counts(published.manifest),
             "bundle_path": dg.MetadataValue.path(str(published.root)),
-            "checkpoint_sha256": training.checkpoint.sha256,
+            "checkpoint_sha256": md.digest(training.checkpoint.sha256),
             "record": dg.MetadataValue.path(str(record_path)),
             "training_record": dg.MetadataValue.path(str(training_run.record_path)),
         },

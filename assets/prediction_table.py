@@ -50,11 +50,11 @@ def prediction_table(
         "dagster/row_count": table.num_rows,
         "dagster/column_schema": md.column_schema(Schema.from_arrow(table.schema), index.id_field),
         **md.identity("snapshot", index.snapshot.identity),
-        "checkpoint_sha256": record.checkpoint.sha256,
+        "checkpoint_sha256": md.digest(record.checkpoint.sha256),
     }
     if fmt.STATUS_COLUMN in table.column_names:
         by_status, _ = fmt.count_statuses(table.column(fmt.STATUS_COLUMN))
-        meta.update({f"rows_{k}": v for k, v in by_status.items()})
+        meta.update(by_status)  # named as result_manifest names its counts
     return dg.Output(table, metadata=meta)
 
 

@@ -175,10 +175,10 @@ def training_run_asset(
         record_path = write_record(out, record)
         meta: dict[str, Any] = {
             **md.identity("snapshot", index.snapshot.identity),
-            "index_sha256": index.digest,
+            "index_sha256": md.digest(index.digest),
             "trainer": record.trainer.path,
             "trainer_version": record.trainer.version or "unknown",
-            "checkpoint_sha256": record.checkpoint.sha256,
+            "checkpoint_sha256": md.digest(record.checkpoint.sha256),
             "checkpoint": dg.MetadataValue.path(str(out / CHECKPOINT_DIR)),
             "record": dg.MetadataValue.path(str(record_path)),
             "record_json": dg.MetadataValue.json(json.loads(record_text(record))),
@@ -186,13 +186,12 @@ def training_run_asset(
             **{k: md.number(v) for k, v in record.metrics.items()},
             "world_size": world,
             "items_iterated": report.items_iterated,
-            **reported,
+            # What the torchrun ranks hashed to verify their input (0: the cache vouched).
+            **{k: v for k, v in reported.items() if k == "pipes/ranks_bytes_hashed"},
         }
         if summary.loss_curve:
             svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")
-            meta["loss_curve_chart"] = dg.MetadataValue.md(charts.svg_markdown(svg))
-            meta["loss_curve"] = dg.MetadataValue.md(charts.loss_markdown(summary.loss_curve))
-            meta["loss_curve_svg"] = dg.MetadataValue.path(str(svg))
+            meta["loss_curve"] = dg.MetadataValue.md(charts.svg_markdown(svg))
             meta["final_loss"] = md.number(summary.loss_curve[-1])
         return dg.Output(
             TrainedModel(index, out, record),

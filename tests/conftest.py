@@ -32,8 +32,7 @@ def labelled_samples(tmp_path_factory: pytest.TempPathFactory) -> LabelledSample
 
 
 @pytest.fixture(scope="session")
-def lineage_instance(
-    tmp_path_factory: pytest.TempPathFactory, labelled_samples: LabelledSamples
-) -> Iterator[LineageInstance]:
-    """One finished digits chain run in a persisted SQLite instance, built once per session."""
-    yield build_lineage_instance(tmp_path_factory.mktemp("lineage"), labelled_samples)
+def lineage_instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LineageInstance]:
+    """A PARTIAL version, its resubmission and two chain runs in a persisted SQLite instance,
+    built once per session."""
+    yield build_lineage_instance(tmp_path_factory.mktemp("lineage"))

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from assets import CHAIN_ASSETS, CHAIN_CHECKS
+from assets._metadata import plain
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.bundle.verify import verify
 from pipeline.cli import main as bundle_cli
@@ -19,9 +20,13 @@ from tests.helpers.chain import FAST_TRAINING
 
 
 def _meta(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    """An asset's metadata as plain values (digests without their display formatting)."""
     mats = result.asset_materializations_for_node(asset)
     assert len(mats) == 1
-    return {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
+    return {
+        k: plain(v) if k.endswith("sha256") else getattr(v, "value", v)
+        for k, v in mats[0].metadata.items()
+    }
 
 
 @pytest.mark.parametrize("sample", ["digits", "wine"])

@@ -207,24 +207,20 @@ def test_training_run_page_shows_the_checkpoint_record_and_data_digest(
     record = read_record(str(training["record"]))
     page.goto(f"{webserver}/assets/training_run")
     body = page.locator("body")
-    # The data digest the checkpoint was trained on, as its record (the file beside it) says.
-    expect(body).to_contain_text(record.snapshot.content_sha256)
-    expect(body).to_contain_text(record.checkpoint.sha256)
     expect(body).to_contain_text(record.snapshot.version_id)
     expect(body).to_contain_text(str(training["record"]))
     assert record.snapshot.version_id == lineage_instance.version_id
+    # The data digest the checkpoint was trained on, and the checkpoint's own, as its record
+    # (the file beside it) says: every character on screen, none clipped by the table cell.
+    for digest in (record.snapshot.content_sha256, record.checkpoint.sha256):
+        for half in (digest[:32], digest[32:]):
+            code = page.locator("td code", has_text=half).first
+            expect(code).to_be_visible()
+            box, cell = code.bounding_box(), code.locator("xpath=ancestor::td[1]").bounding_box()
+            assert box["x"] + box["width"] <= cell["x"] + cell["width"], (half, box, cell)
     _shot(page, "training_run.png")
 
-    # The loss curve renders as a chart (a Markdown table of bars), not as raw Markdown text.
-    loss_row = page.locator("tr", has_text="Training loss by epoch")
-    chart = loss_row.locator("table")
-    expect(chart).to_be_visible()
-    assert chart.locator("tbody tr").count() == len(record.loss_curve)
-    assert "|---" not in loss_row.inner_text()
-    loss_row.scroll_into_view_if_needed()
-    _shot(page, "training_run_loss_curve.png")
-
-    # ...and as a picture: the SVG line chart inlined in ``loss_curve_chart`` is drawn.
+    # The loss curve: an SVG line chart inlined in the metadata, drawn, not raw Markdown.
     image = page.locator('img[src^="data:image/svg+xml"]').first
     image.scroll_into_view_if_needed()
     expect(image).to_be_visible()
@@ -256,3 +252,49 @@ def test_runs_page_shows_the_rebuild_with_its_version_tag(page, webserver, linea
     expect(body).to_contain_text("lithi/trigger: newer_manifest")
     expect(body).to_contain_text("Success")
     _shot(page, "runs_by_version.png")
+
+
+# An event in the Events tab's list is named by its timestamp (e.g. "Dec 3, 11:17 AM"); the open
+# event repeats its timestamp as the heading on the right, after the list.
+EVENT_TIME = re.compile(r"^[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2} [AP]M$")
+
+
+def _open_event(page, index: int) -> None:
+    """Open the index-th event of the list (0 is the newest)."""
+    from playwright.sync_api import expect
+
+    times = page.get_by_text(EVENT_TIME)
+    expect(times.nth(index + 1)).to_be_visible()  # the list holds it (plus the open heading)
+    times.nth(index).click()
+
+
+def test_compute_versions_events_show_the_partial_version_and_the_resubmission(
+    page, webserver, lineage_instance
+):
+    from playwright.sync_api import expect
+
+    page.goto(f"{webserver}/assets/compute_versions?view=events")
+    body = page.locator("body")
+    # The newest is open: the complete version, its parent, and what the resubmission changed.
+    expect(body).to_contain_text(f"SUCCEEDED {lineage_instance.version_id}")
+    expect(body).to_contain_text(lineage_instance.partial_version_id)  # as its parent
+    expect(body).to_contain_text(re.compile(r"accepted \+\d+, abstained \+\d+, outstanding -\d+"))
+    _shot(page, "compute_versions_events.png")
+    # The one before it: the PARTIAL version, with items still outstanding.
+    _open_event(page, 1)
+    expect(body).to_contain_text(f"PARTIAL {lineage_instance.partial_version_id}: first version")
+    _shot(page, "compute_versions_partial.png")
+
+
+def test_training_run_events_keep_the_checkpoint_of_each_version(page, webserver, lineage_instance):
+    from playwright.sync_api import expect
+
+    page.goto(f"{webserver}/assets/training_run?view=events")
+    body = page.locator("body")
+    expect(body).to_contain_text(f"Materialized in run {lineage_instance.run_id[:8]}")
+    expect(body).to_contain_text(lineage_instance.version_id)
+    _open_event(page, 1)
+    expect(body).to_contain_text(f"Materialized in run {lineage_instance.partial_run_id[:8]}")
+    expect(body).to_contain_text(lineage_instance.partial_version_id)
+    expect(body).not_to_contain_text(lineage_instance.version_id)
+    _shot(page, "training_run_older_checkpoint.png")

@@ -16,10 +16,10 @@ import dagster as dg
 from assets.training_run import TrainingConfig
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.demo import submit_sample_job
-from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
+from pipeline.defs.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME, chain_run_config
+from pipeline.defs.sensor import SENSOR_NAME
 from resources.artifacts import ArtifactStore
 from resources.compute.faults import FaultSpec
-from resources.compute.local import LocalCompute
 from resources.dagster_resources import BundleStoreResource, ComputeResource
 from resources.io_manager import ChainIOManager
 from resources.settings import REPO_ROOT, ChainSettings, Policy
@@ -111,13 +111,15 @@ nux:
 
 @dataclass(frozen=True)
 class LineageInstance:
-    """Where the finished chain run lives and what it was built from."""
+    """Where the history lives: a PARTIAL version, its resubmission, two chain runs."""
 
     dagster_home: Path
     lithi_home: Path
     compute_root: Path
     job_id: str
-    version_id: str
+    partial_version_id: str  # v1: PARTIAL, trained on its accepted parts (an older checkpoint)
+    version_id: str  # v2: the resubmission's complete version, trained on last
+    partial_run_id: str
     run_id: str
     workspace: Path
 
@@ -128,6 +130,7 @@ class LineageInstance:
             "DAGSTER_HOME": str(self.dagster_home),
             "LITHI_HOME": str(self.lithi_home),
             "LITHI_COMPUTE_ROOT": str(self.compute_root),
+            "LITHI_COMPUTE_EXECUTOR": "inline",
             "LITHI_JOB_ID": self.job_id,
         }
 
@@ -148,42 +151,77 @@ def write_workspace(path: Path) -> Path:
     return path
 
 
-def build_lineage_instance(root: Path, samples: LabelledSamples) -> LineageInstance:
-    """Run the chain job over the shared digits job into a new persisted Dagster home."""
+def sensor_tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None):
+    """One evaluation of the sensor, storing what it observed as the daemon does."""
+    sensor = defs.resolve_sensor_def(SENSOR_NAME)
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, definitions=defs, resources=defs.resources
+    ) as ctx:
+        result = sensor.evaluate_tick(ctx)
+    for event in result.asset_events:
+        instance.report_runless_asset_event(event)
+    return result
+
+
+def build_lineage_instance(root: Path) -> LineageInstance:
+    """A history as the daemon would leave it, in a new persisted Dagster home.
+
+    The wine job loses 30% of its items (v1, PARTIAL); the sensor observes v1; the chain is
+    trained on v1's accepted parts (allowed by hand: an older checkpoint to find later); the
+    resubmission publishes v2; the sensor observes v2 and its chain run trains on it.
+    """
     dagster_home = root / "dagster_home"
     lithi_home = root / "lithi"
     dagster_home.mkdir(parents=True)
     lithi_home.mkdir(parents=True)
     (dagster_home / "dagster.yaml").write_text(DAGSTER_YAML)
 
-    job_id = samples.jobs["digits"]
-    status = LocalCompute(samples.compute_root).status(job_id)
-    version_id = status.latest_version_id
-    assert version_id, f"Compute job {job_id} ended {status.state} without a result"
-
-    run_config = chain_run_config(job_id, version_id)
-    run_config.ops.update(FAST_TRAINING.ops)
-    # The tags the sensor puts on a rebuild from a newer manifest (pipeline.defs.sensor._tags).
-    tags = {
-        "lithi/job_id": job_id,
-        "lithi/version_id": version_id,
-        "lithi/attempt": "1",
-        "lithi/trigger": "newer_manifest",
-        "lithi/allow_partial": "false",
-    }
-    defs = build_definitions(**samples.resources(lithi_home, "digits"))
+    job_id = sample_job(lithi_home, "wine", FaultSpec(lose_fraction=0.3))
+    resources = chain_resources(lithi_home, job_id, base_delay_seconds=0)
+    defs = build_definitions(**resources)
+    chain = defs.resolve_job_def(CHAIN_JOB_NAME)
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
-        result = defs.resolve_job_def(CHAIN_JOB_NAME).execute_in_process(
-            run_config=run_config, instance=instance, tags=tags
+        first = sensor_tick(defs, instance, None)
+        v1 = first.run_requests[0].tags["lithi/version_id"]
+        config = chain_run_config(job_id, v1, allow_partial=True)
+        config.ops.update(FAST_TRAINING.ops)
+        partial = chain.execute_in_process(
+            run_config=config, instance=instance, tags=_manual_tags(job_id, v1)
         )
+        assert partial.success, f"the chain run on {v1} failed"
+        (resubmit,) = first.run_requests
+        assert (
+            defs.resolve_job_def(RESUBMIT_JOB_NAME)
+            .execute_in_process(
+                run_config=resubmit.run_config, instance=instance, tags=resubmit.tags
+            )
+            .success
+        )
+        second = sensor_tick(defs, instance, first.cursor)
+        (request,) = second.run_requests
+        v2 = request.tags["lithi/version_id"]
+        config = dg.RunConfig(ops={**request.run_config["ops"], **FAST_TRAINING.ops})
+        result = chain.execute_in_process(run_config=config, instance=instance, tags=request.tags)
     assert result.success, f"the chain run {result.run_id} failed; nothing to inspect"
     workspace = write_workspace(root / "workspace.yaml")
     return LineageInstance(
         dagster_home,
         lithi_home,
-        samples.compute_root,
+        lithi_home / "compute",
         job_id,
-        version_id,
+        v1,
+        v2,
+        partial.run_id,
         result.run_id,
         workspace,
     )
+
+
+def _manual_tags(job_id: str, version_id: str) -> dict[str, str]:
+    """What a person launching the chain by hand for one version tags it with."""
+    return {
+        "lithi/job_id": job_id,
+        "lithi/version_id": version_id,
+        "lithi/trigger": "manual",
+        "lithi/allow_partial": "true",
+    }
