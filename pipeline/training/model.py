@@ -7,6 +7,7 @@ and config travel as plain data beside the weights.
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -44,12 +45,15 @@ def save_checkpoint(
     config: dict[str, Any],
     hidden: int,
 ) -> None:
-    """Write the weights, feature spec and config atomically, never over an existing file."""
+    """Write the weights, feature spec and config atomically, never over an existing file.
+
+    The plain data goes through JSON first, so the pickle inside is a function of the values
+    alone (not of which equal strings happened to be one object): the same fit writes the same
+    bytes in any process, and its digest identifies it.
+    """
+    plain = json.loads(json.dumps({"spec": spec.model_dump(mode="json"), "config": config}))
     buf = io.BytesIO()
-    torch.save(
-        {"state_dict": state_dict, "spec": spec.model_dump(), "config": config, "hidden": hidden},
-        buf,
-    )
+    torch.save({"state_dict": state_dict, **plain, "hidden": hidden}, buf)
     atomic_write_bytes(path, buf.getvalue(), replace=False)
 
 
