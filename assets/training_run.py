@@ -29,7 +29,13 @@ from pipeline.training.record import (
     record_text,
     write_record,
 )
-from pipeline.training.runner import TrainSummary, hash_checkpoint, run_fit, summarize
+from pipeline.training.runner import (
+    TrainSummary,
+    hash_checkpoint,
+    progress_key,
+    run_fit,
+    summarize,
+)
 from pipeline.training.trainer import REFERENCE_TRAINER, Trainer, load_trainer, trainer_info
 from resources.artifacts import ArtifactStore
 from resources.dagster_resources import BundleStoreResource
@@ -68,14 +74,27 @@ def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None 
 
 
 def _train_in_process(
-    trainer: Trainer, index: Index, config: dict, out: Path, num_workers: int, log
+    trainer: Trainer,
+    index: Index,
+    config: dict,
+    out: Path,
+    settings: ChainSettings,
+    progress_dir: Path,
+    log,
 ) -> TrainSummary:
     checkpoint_dir = out / CHECKPOINT_DIR
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    result, report, passes = run_fit(
-        trainer, index, config, output_dir=checkpoint_dir, num_workers=num_workers, log=log
+    run = run_fit(
+        trainer,
+        index,
+        config,
+        output_dir=checkpoint_dir,
+        num_workers=settings.num_workers,
+        log=log,
+        progress_dir=progress_dir,
+        checkpoint_every=settings.checkpoint_every,
     )
-    return summarize(result, report, passes, hash_checkpoint(checkpoint_dir), 1)
+    return summarize(run, hash_checkpoint(checkpoint_dir), 1)
 
 
 def _train_torchrun(
@@ -85,18 +104,24 @@ def _train_torchrun(
     index: Index,
     cache_dir: Path,
     config: dict,
-    world: int,
-    num_workers: int,
+    settings: ChainSettings,
+    progress_dir: Path,
     out: Path,
 ) -> tuple[TrainSummary, dict]:
-    """Train with ``world`` real torchrun ranks; each verifies the bundle with the cache's trust
-    and rebuilds the index, which must have the digest this step was handed."""
+    """Train with real torchrun ranks; each verifies the bundle with the cache's trust and
+    rebuilds the index, which must have the digest this step was handed. When a rank dies,
+    torchrun restarts every rank (up to ``torchrun_max_restarts`` times) and they resume from
+    the last mid-fit cut in ``progress_dir``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(world), "-m", "pipeline.defs.train_launch",
+        "--nproc-per-node", str(settings.world_size),
+        "--max-restarts", str(settings.torchrun_max_restarts),
+        "-m", "pipeline.defs.train_launch",
         "--bundle", str(index.snapshot.root), "--cache-dir", str(cache_dir),
         "--index-sha256", index.digest, "--trainer", trainer_path,
-        "--config", json.dumps(config), "--num-workers", str(num_workers), "--out", str(out),
+        "--config", json.dumps(config), "--num-workers", str(settings.num_workers),
+        "--progress-dir", str(progress_dir),
+        "--checkpoint-every", str(settings.checkpoint_every), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     invocation = pipes.run(command=cmd, context=context, env=env)
@@ -140,11 +165,16 @@ def training_run_asset(
         params_data = params.model_dump(mode="json") if hasattr(params, "model_dump") else params
         out = artifacts.directory(context)
         world = chain_settings.world_size
-        workers = chain_settings.num_workers
         index = disjoint_index
+        key = progress_key(
+            index, path, params_data, world_size=world, num_workers=chain_settings.num_workers
+        )
+        progress_dir = artifacts.progress(context.asset_key, key)
         reported: dict = {}
         if world == 1:
-            summary = _train_in_process(trainer, index, params_data, out, workers, context.log.info)
+            summary = _train_in_process(
+                trainer, index, params_data, out, chain_settings, progress_dir, context.log.info
+            )
         else:
             cache = bundle_store.store().cache_dir
             summary, reported = _train_torchrun(
@@ -154,8 +184,8 @@ def training_run_asset(
                 index,
                 cache,
                 params_data,
-                world,
-                workers,
+                chain_settings,
+                progress_dir,
                 out,
             )
         report = summary.reconciliation
@@ -171,6 +201,7 @@ def training_run_asset(
             loss_curve=summary.loss_curve,
             reconciliation=report,
             passes=summary.passes,
+            resumed=summary.resumed,
         )
         record_path = write_record(out, record)
         meta: dict[str, Any] = {
@@ -186,6 +217,8 @@ def training_run_asset(
             **{k: md.number(v) for k, v in record.metrics.items()},
             "world_size": world,
             "items_iterated": report.items_iterated,
+            # The step a killed fit resumed after (0: it ran through in one go).
+            "resumed_after_step": summary.resumed.step if summary.resumed else 0,
             # What the torchrun ranks hashed to verify their input (0: the cache vouched).
             **{k: v for k, v in reported.items() if k == "pipes/ranks_bytes_hashed"},
         }

@@ -23,6 +23,11 @@ class ArtifactStore(dg.ConfigurableResource):
         """The folder of ``asset_key``'s artifacts in run ``run_id`` (not created)."""
         return Path(self.root).resolve().joinpath(*asset_key.path, run_id)
 
+    def progress(self, asset_key: dg.AssetKey, key: str) -> Path:
+        """Where ``asset_key``'s mid-fit cuts named ``key`` live (not created): beside its run
+        folders and outside any one of them, so the retry of a killed run finds them."""
+        return Path(self.root).resolve().joinpath(*asset_key.path, "_progress", key)
+
     def directory(self, context: dg.AssetExecutionContext) -> Path:
         """This asset's folder in this run, created if needed."""
         d = self.path(context.asset_key, context.run.run_id)

@@ -63,6 +63,8 @@ class LithiEnv(BaseSettings):
     train_on_partial: bool = False
     world_size: PositiveInt = 1
     num_workers: NonNegativeInt = 2
+    checkpoint_every: NonNegativeInt = 200
+    torchrun_max_restarts: NonNegativeInt = 1
     compute_root: Path | None = None
     compute_executor: Literal["subprocess", "inline"] = "subprocess"
     cache_dir: Path | None = None
@@ -206,6 +208,8 @@ class ChainSettings(dg.ConfigurableResource):
     credential_ref: str = ""  # registered reference used to download result bundles, if any
     world_size: PositiveInt = 1  # training ranks: 1 trains in the step's process, >1 torchrun
     num_workers: NonNegativeInt = 2  # DataLoader worker processes per rank
+    checkpoint_every: NonNegativeInt = 200  # optimizer steps between mid-fit cuts; 0 never
+    torchrun_max_restarts: NonNegativeInt = 1  # torchrun restarts every rank when one dies
 
     @classmethod
     def from_env(cls, env: LithiEnv) -> ChainSettings:
@@ -222,6 +226,8 @@ class ChainSettings(dg.ConfigurableResource):
             credential_ref=env.credential_ref,
             world_size=env.world_size,
             num_workers=env.num_workers,
+            checkpoint_every=env.checkpoint_every,
+            torchrun_max_restarts=env.torchrun_max_restarts,
         )
 
     def resolve_job(self, client: ComputeClient) -> str | None:

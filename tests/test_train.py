@@ -100,7 +100,8 @@ def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None)
     """What the pipeline does around a trainer, in-process: fit, reconcile, hash, predict."""
     trainer = trainer or load_trainer(REFERENCE_TRAINER)
     out.mkdir(parents=True, exist_ok=True)
-    result, report, passes = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
+    run = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
+    result, report, passes = run.result, run.reconciliation, run.passes
     files = hash_checkpoint(out)
     table = trainer.predict(
         PredictContext(

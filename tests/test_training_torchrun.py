@@ -42,3 +42,46 @@ def test_training_through_torchrun_via_pipes_reconciles(tmp_path, labelled_sampl
     assert meta["pipes/ranks_bytes_hashed"].value == 0
     # Rank 0's log lines reached the Dagster run.
     assert any("epoch 2/2" in m for m in logs)
+
+
+@pytest.mark.integration
+def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
+    tmp_path, labelled_samples, monkeypatch
+):
+    """SIGKILL of rank 1 mid-epoch: torchrun restarts both ranks, they resume from the last cut,
+    and the record names its step; the interrupted epoch reconciles across both ranks."""
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("KILL_MARKER", str(marker))
+    monkeypatch.setenv("KILL_RANK", "1")
+    # wine: 178 items, 89 a rank, 12 batches of 8 in the fitting pass; then step 8 of epoch 1.
+    monkeypatch.setenv("KILL_AFTER", str(12 + 8))
+    resources = labelled_samples.resources(
+        tmp_path, "wine", world_size=2, num_workers=1, checkpoint_every=5
+    )
+    config = TrainingConfig(
+        trainer="tests.helpers.killed_trainer:KilledOnce",
+        epochs=2,
+        batch_size=8,
+        auto_features=True,
+    )
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            CHAIN_ASSETS,
+            resources=resources,
+            run_config=dg.RunConfig(ops={"training_run": config}),
+            instance=instance,
+        )
+        assert result.success
+        logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    assert marker.exists(), "rank 1 was meant to be killed once"
+    # The restarted rank 0 said where it resumed, through the same Pipes channel.
+    assert any(m.startswith("resumed after step 5: epoch 1/2, 5 of") for m in logs), logs
+    meta = result.asset_materializations_for_node("training_run")[0].metadata
+    assert meta["resumed_after_step"].value == 5
+    record = read_record(meta["record"].value)
+    assert record.resumed is not None and record.resumed.step == 5
+    interrupted = record.resumed.reconciliation
+    assert interrupted.ok and interrupted.owners == 2, interrupted.problems()
+    assert interrupted.duplicates == 0 and interrupted.missing == 0
+    assert record.reconciliation.ok and record.reconciliation.owners == 2
+    assert len(record.loss_curve) == 2

@@ -10,8 +10,12 @@ channel): its log lines and metadata reach the Dagster run; the other ranks log 
 the Pipes subprocess client forwards. This module imports ``dagster_pipes`` (the small,
 dependency-free protocol package), never Dagster itself.
 
-    torchrun --nproc-per-node 2 -m pipeline.defs.train_launch --bundle B --cache-dir C \\
-        --index-sha256 D --trainer pkg.mod:Trainer --config JSON --out DIR
+When a rank dies, torchrun (``--max-restarts``) restarts every rank; they find the last mid-fit
+cut in ``--progress-dir`` and resume there, and the outcome names the step they resumed after.
+
+    torchrun --nproc-per-node 2 --max-restarts 1 -m pipeline.defs.train_launch --bundle B \\
+        --cache-dir C --index-sha256 D --trainer pkg.mod:Trainer --config JSON \\
+        --progress-dir P --checkpoint-every 200 --out DIR
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -45,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", required=True, help="import path of the Trainer (pkg.mod:Name)")
     p.add_argument("--config", required=True, help="the trainer's config as a JSON object")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--progress-dir", help="where mid-fit cuts are saved and resumed from")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between cuts")
     p.add_argument("--out", required=True, help="the run's folder: checkpoint/ and the outcome")
     args = p.parse_args(argv)
 
@@ -75,8 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(hashed)
         trainer = load_trainer(args.trainer)
         checkpoint_dir = Path(args.out) / CHECKPOINT_DIR
+        if rank == 0 and checkpoint_dir.exists() and not (Path(args.out) / OUTCOME).exists():
+            # What an attempt torchrun restarted us after left half-done; the fit resumes from
+            # its last mid-fit cut and writes the checkpoint afresh.
+            shutil.rmtree(checkpoint_dir)
+        dist.barrier()
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        result, report, passes = run_fit(
+        run = run_fit(
             trainer,
             index,
             json.loads(args.config),
@@ -85,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             world_size=world,
             num_workers=args.num_workers,
             log=log,
+            progress_dir=Path(args.progress_dir) if args.progress_dir else None,
+            checkpoint_every=args.checkpoint_every,
         )
         dist.barrier()  # rank 0 hashes the checkpoint only once every rank has finished fit
         if rank == 0:
-            summary = summarize(result, report, passes, hash_checkpoint(checkpoint_dir), world)
+            summary = summarize(run, hash_checkpoint(checkpoint_dir), world)
             atomic_write_text(Path(args.out) / OUTCOME, summary.model_dump_json(indent=2))
             if pipes is not None:
                 pipes.report_asset_materialization(

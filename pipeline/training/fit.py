@@ -68,6 +68,14 @@ def _all_sum(values: list[float], world_size: int) -> list[float]:
     return t.tolist()
 
 
+def _all_min(value: int, world_size: int) -> int:
+    if world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def _targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
     if spec.task == "classification":
         return class_targets(batch, spec)
@@ -100,23 +108,45 @@ def fit_reference(ctx: FitContext) -> FitResult:
     loader = ctx.loader(
         style=config.reader, batch_size=config.batch_size, shuffle=True, seed=config.seed
     )
-    spec = fit_spec(
-        loader,
-        fields,
-        task=config.task,
-        label=config.label,
-        has_status=has_status,
-        world_size=ctx.world_size,
-    )
+    batches = len(loader)  # this rank's batches per epoch (the same every epoch)
+    common = int(_all_min(batches, ctx.world_size))  # batches every rank still steps on
+    resumed = ctx.progress.load()
+    if resumed is None:
+        spec = fit_spec(
+            loader,
+            fields,
+            task=config.task,
+            label=config.label,
+            has_status=has_status,
+            world_size=ctx.world_size,
+        )
+    else:
+        spec = FeatureSpec.model_validate(resumed.shared["spec"])
     model = MLP(spec.dim, config.hidden, spec.outputs)
+    opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+    curve: list[float] = []
+    first_epoch, step, done, sums = 0, 0, 0, [0.0, 0.0]
+    if resumed is not None:
+        shared = resumed.shared
+        model.load_state_dict(shared["model"])
+        opt.load_state_dict(shared["optimizer"])
+        torch.set_rng_state(shared["rng"])
+        curve = [float(v) for v in shared["loss_curve"]]
+        first_epoch, step, done = int(shared["epoch"]), resumed.step, int(shared["done"])
+        sums = [float(v) for v in resumed.local["sums"]]
+        loader.load_state_dict(resumed.local["loader"])
+        if ctx.rank == 0:
+            ctx.log(
+                f"resumed after step {step}: epoch {first_epoch + 1}/{config.epochs}, "
+                f"{done} of {batches} batches done"
+            )
     net: nn.Module = model
     if ctx.world_size > 1:
         net = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.Adam(net.parameters(), lr=config.learning_rate)
-    curve: list[float] = []
-    for epoch in range(config.epochs):
-        loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
-        loss_sum, weight_sum = 0.0, 0.0
+    for epoch in range(first_epoch, config.epochs):
+        if not (resumed is not None and epoch == first_epoch):
+            loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
+            done, sums = 0, [0.0, 0.0]
         join = (
             torch.distributed.algorithms.Join([net])
             if ctx.world_size > 1
@@ -138,9 +168,25 @@ def fit_reference(ctx: FitContext) -> FitResult:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                loss_sum += float((per_row * w).sum().detach())
-                weight_sum += float(w.sum())
-        total_loss, total_w = _all_sum([loss_sum, weight_sum], ctx.world_size)
+                sums[0] += float((per_row * w).sum().detach())
+                sums[1] += float(w.sum())
+                step, done = step + 1, done + 1
+                # A cut only where every rank has stepped as often (none has run out yet).
+                if done <= common and ctx.progress.due(step):
+                    ctx.progress.save(
+                        step,
+                        shared={
+                            "spec": spec.model_dump(),
+                            "model": model.state_dict(),
+                            "optimizer": opt.state_dict(),
+                            "rng": torch.get_rng_state(),
+                            "loss_curve": curve,
+                            "epoch": epoch,
+                            "done": done,
+                        },
+                        local={"loader": loader.state_dict(), "sums": sums},
+                    )
+        total_loss, total_w = _all_sum(sums, ctx.world_size)
         curve.append(total_loss / max(total_w, 1e-8))
         if ctx.rank == 0:
             ctx.log(f"epoch {epoch + 1}/{config.epochs}: loss {curve[-1]:.4f}")

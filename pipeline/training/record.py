@@ -19,7 +19,7 @@ from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.manifest import SnapshotId
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import ReconcileReport
-from pipeline.training.runner import CheckpointFiles
+from pipeline.training.runner import CheckpointFiles, Resume
 from pipeline.training.trainer import FeatureSet, TrainerInfo
 
 RECORD_NAME = "record.json"
@@ -44,6 +44,7 @@ class TrainingRecord(BaseModel):
     loss_curve: list[float]
     reconciliation: ReconcileReport
     passes: int
+    resumed: Resume | None = None  # the fit was killed, restarted, and resumed after this step
 
 
 class OutputRecord(BaseModel):

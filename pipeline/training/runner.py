@@ -7,8 +7,11 @@ iterated is reconciled here, across ranks, and what it wrote is hashed here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
+from pipeline.training.progress import Progress
 from pipeline.training.trainer import FeatureSet, FitContext, FitResult, Trainer, TrainerError
 
 
@@ -27,6 +31,26 @@ class CheckpointFiles(BaseModel):
 
     files: dict[str, str]
     sha256: str
+
+
+class Resume(BaseModel):
+    """A fit that resumed from a mid-fit cut: the step it resumed after, and the interrupted
+    pass reconciled as one (what was delivered before the cut and after it, across ranks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    reconciliation: ReconcileReport
+
+
+@dataclass(frozen=True)
+class FitRun:
+    """What :func:`run_fit` hands back: ``fit``'s result, the reconciliations, the passes."""
+
+    result: FitResult
+    reconciliation: ReconcileReport
+    passes: int
+    resumed: Resume | None = None
 
 
 class TrainSummary(BaseModel):
@@ -41,6 +65,7 @@ class TrainSummary(BaseModel):
     passes: int
     checkpoint: CheckpointFiles
     world_size: int
+    resumed: Resume | None = None
 
 
 def run_fit(
@@ -53,13 +78,18 @@ def run_fit(
     world_size: int = 1,
     num_workers: int = 0,
     log: Callable[[str], None] = print,
-) -> tuple[FitResult, ReconcileReport, int]:
+    progress_dir: Path | None = None,
+    checkpoint_every: int = 0,
+) -> FitRun:
     """Call ``trainer.fit`` on this rank, then reconcile its last full pass across ranks.
 
     A collective when ``world_size > 1``: every rank calls it. Returns what ``fit`` reported,
     the reconciliation of the last complete pass over the loaders it was given, and how many
-    complete passes it made.
+    complete passes it made. With ``progress_dir``, the trainer may save mid-fit cuts there
+    every ``checkpoint_every`` steps and resumes from the last one a killed fit left; the
+    interrupted pass is then reconciled too, and the cuts are removed once ``fit`` returns.
     """
+    progress = Progress(progress_dir, rank=rank, world_size=world_size, every=checkpoint_every)
     ctx = FitContext(
         index=index,
         config=trainer.parse_config(config),
@@ -68,6 +98,7 @@ def run_fit(
         num_workers=num_workers,
         log=log,
         output_dir=output_dir,
+        progress=progress,
     )
     result = trainer.fit(ctx)
     if not isinstance(result, FitResult):
@@ -76,7 +107,33 @@ def run_fit(
         )
     counts = ctx.passes.last or OwnerCounts(label=f"rank {rank}")
     report = reconcile_distributed(index.manifest, counts, ids=index.ids, raise_on_mismatch=False)
-    return result, report, ctx.passes.completed
+    resumed = None
+    if progress.resumed_from is not None:  # the same on every rank: they loaded one cut
+        interrupted = ctx.passes.resumed or OwnerCounts(label=f"rank {rank}")
+        resumed = Resume(
+            step=progress.resumed_from,
+            reconciliation=reconcile_distributed(
+                index.manifest, interrupted, ids=index.ids, raise_on_mismatch=False
+            ),
+        )
+    progress.clear()
+    return FitRun(result, report, ctx.passes.completed, resumed)
+
+
+def progress_key(
+    index: Index, trainer_path: str, config: Any, *, world_size: int, num_workers: int
+) -> str:
+    """The name of a fit's mid-fit cuts: the same data, code path, config and split resume
+    each other's cuts; anything else starts afresh (never a cut of another run's data)."""
+    ident = {
+        "index_sha256": index.digest,
+        "trainer": trainer_path,
+        "config": config,
+        "world_size": world_size,
+        "num_workers": num_workers,
+    }
+    text = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def hash_checkpoint(directory: Path) -> CheckpointFiles:
@@ -97,20 +154,15 @@ def hash_checkpoint(directory: Path) -> CheckpointFiles:
     return CheckpointFiles(files=files, sha256=content_sha256((d, r) for r, d in files.items()))
 
 
-def summarize(
-    result: FitResult,
-    report: ReconcileReport,
-    passes: int,
-    checkpoint: CheckpointFiles,
-    world_size: int,
-) -> TrainSummary:
+def summarize(run: FitRun, checkpoint: CheckpointFiles, world_size: int) -> TrainSummary:
     """The plain-data summary the record is written from."""
     return TrainSummary(
-        metrics={k: float(v) for k, v in result.metrics.items()},
-        loss_curve=[float(v) for v in result.loss_curve],
-        features=result.features,
-        reconciliation=report,
-        passes=passes,
+        metrics={k: float(v) for k, v in run.result.metrics.items()},
+        loss_curve=[float(v) for v in run.result.loss_curve],
+        features=run.result.features,
+        reconciliation=run.reconciliation,
+        passes=run.passes,
         checkpoint=checkpoint,
         world_size=world_size,
+        resumed=run.resumed,
     )

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import OwnerCounts, Tally
+from pipeline.training.progress import Progress
 
 #: The trainer the pipeline uses unless ``LITHI_TRAINER`` or the run config names another.
 REFERENCE_TRAINER = "pipeline.training.reference:ReferenceTrainer"
@@ -76,25 +77,35 @@ class FitResult:
 
 @dataclass
 class PassLog:
-    """Every pass a trainer made over its loaders: the last complete one's counts, and totals."""
+    """Every pass a trainer made over its loaders: the last complete one's counts, and totals.
+
+    ``resumed`` is the last complete pass that began in an earlier process (resumed from a
+    mid-fit cut): its counts hold what was delivered before the cut and after it, so the
+    pipeline can reconcile the interrupted pass as one.
+    """
 
     started: int = 0
     completed: int = 0
     last: OwnerCounts | None = None
+    resumed: OwnerCounts | None = None
 
 
 class TalliedLoader:
     """A loader from :func:`~pipeline.readers.make_loader` whose every full pass is counted.
 
     Iterating it yields the loader's batches unchanged; a pass that runs to the end is recorded
-    for the pipeline's reconciliation, so a trainer never counts anything itself.
+    for the pipeline's reconciliation, so a trainer never counts anything itself. Its
+    :meth:`state_dict` is the loader's (positions, no ids) plus the pass's counts by status, so
+    a pass resumed from a mid-fit cut is still counted whole.
     """
 
-    def __init__(self, loader: Any, id_field: str, log: PassLog, label: str) -> None:
+    def __init__(self, loader: Any, index: Index, log: PassLog, label: str) -> None:
         self.loader = loader
-        self._id_field = id_field
+        self._index = index
         self._log = log
         self._label = label
+        self._tally: Tally | None = None  # the pass in progress
+        self._resume: Tally | None = None  # what a loaded state had delivered before its cut
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's order (ownership never changes with it)."""
@@ -104,13 +115,49 @@ class TalliedLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[dict]:
-        tally = Tally(self._id_field, label=self._label)
-        self._log.started += 1
+        resumed, self._resume = self._resume, None
+        tally = resumed or Tally(self._index.id_field, label=self._label)
+        self._tally = tally
+        if resumed is None:
+            self._log.started += 1
         for batch in self.loader:
             tally.update(batch)
             yield batch
+        self._tally = None
         self._log.completed += 1
         self._log.last = tally.counts
+        if resumed is not None:
+            self._log.resumed = tally.counts
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pass stands: the loader's state and the statuses counted so far.
+
+        Take it between batches (after the trainer has used the last one it got); save it in a
+        mid-fit cut (:class:`~pipeline.training.progress.Progress`). Small: no ids.
+        """
+        by_status = dict(self._tally.counts.by_status) if self._tally is not None else {}
+        return {
+            "loader": self.loader.state_dict(),
+            "by_status": by_status,
+            "passes": {"started": self._log.started, "completed": self._log.completed},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next pass yields the rest of the saved one.
+
+        The ids delivered before the cut are the index's ids at the loader's delivered
+        positions (computed from the state, nothing read), so the resumed pass reconciles as
+        one whole pass: none twice, none lost.
+        """
+        self.loader.load_state_dict(state["loader"])
+        tally = Tally(self._index.id_field, label=self._label)
+        positions = self.loader.delivered_positions()
+        tally.counts.id_chunks.append(self._index.ids.take(pa.array(positions, pa.int64())))
+        tally.counts.by_status.update({str(k): int(v) for k, v in state["by_status"].items()})
+        self._resume = tally
+        passes = state.get("passes", {})
+        self._log.started = int(passes.get("started", self._log.started))
+        self._log.completed = int(passes.get("completed", self._log.completed))
 
 
 class _Context:
@@ -161,7 +208,7 @@ class _Context:
             rank=self.rank,
             world_size=self.world_size,
         )
-        return TalliedLoader(inner, self.index.id_field, self.passes, f"rank {self.rank}")
+        return TalliedLoader(inner, self.index, self.passes, f"rank {self.rank}")
 
 
 class FitContext(_Context):
@@ -170,11 +217,17 @@ class FitContext(_Context):
     Write the checkpoint into :attr:`output_dir` (rank 0 writes; under torchrun every rank
     gets the same directory). Everything found there after ``fit`` returns is the checkpoint:
     the pipeline hashes it, records it, and hands it to ``predict``.
+
+    :attr:`progress` is where a long fit saves mid-fit cuts (model, optimizer, each loader's
+    :meth:`TalliedLoader.state_dict`) every ``progress.every`` steps and, when the pipeline
+    restarts a killed fit, finds the last one (:meth:`~pipeline.training.progress.Progress.load`).
+    A trainer that never saves simply starts over.
     """
 
-    def __init__(self, *, output_dir: Path, **kw: Any) -> None:
+    def __init__(self, *, output_dir: Path, progress: Progress | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.output_dir = Path(output_dir)
+        self.progress = progress or Progress(None, rank=self.rank, world_size=self.world_size)
 
 
 class PredictContext(_Context):

@@ -1,0 +1,53 @@
+"""The reference trainer, SIGKILLed once mid-fit: a preempted node, for resume tests.
+
+On the first fit ever (per the marker file ``$KILL_MARKER``), rank ``$KILL_RANK`` (default 0)
+kills its own process with SIGKILL as it asks for the batch after the ``$KILL_AFTER``-th of its
+first loader (the fitting pass counts), so everything it did with earlier batches, mid-fit cuts
+included, is done, and nothing after. Later fits (a torchrun restart, a retried run) train like
+the reference trainer. Select it with ``tests.helpers.killed_trainer:KilledOnce``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.training.reference import ReferenceTrainer
+from pipeline.training.trainer import FitContext, FitResult, TalliedLoader
+
+
+class _KillingLoader(TalliedLoader):
+    kill_after: int
+    marker: Path
+
+    def __iter__(self) -> Iterator[dict]:
+        for batch in super().__iter__():
+            yield batch
+            self.yielded = getattr(self, "yielded", 0) + 1
+            if self.yielded == self.kill_after:
+                self.marker.write_text(f"killed after batch {self.kill_after}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KilledOnce(ReferenceTrainer):
+    """The reference trainer; its first fit dies by SIGKILL after ``$KILL_AFTER`` batches."""
+
+    def fit(self, ctx: FitContext) -> FitResult:
+        """Arm the kill on the first loader of the chosen rank, once; then train as usual."""
+        marker = Path(os.environ["KILL_MARKER"])
+        if not marker.exists() and ctx.rank == int(os.environ.get("KILL_RANK", "0")):
+            make, armed = ctx.loader, []
+
+            def loader(**kw):
+                tallied = make(**kw)
+                if not armed:
+                    armed.append(tallied)
+                    tallied.__class__ = _KillingLoader
+                    tallied.kill_after = int(os.environ["KILL_AFTER"])
+                    tallied.marker = marker
+                return tallied
+
+            ctx.loader = loader  # type: ignore[method-assign]
+        return super().fit(ctx)
