@@ -27,10 +27,16 @@ def disjoint_index(
         len(index), index.part_rows, chain_settings.world_size, chain_settings.num_workers
     )
     rank_rows = [[r, n] for r, n in enumerate(plan.rank_sizes)]
+    workers = max(chain_settings.num_workers, 1)
     part_rows = [
-        [o, ",".join(map(str, owned)) or "—", sum(index.part_rows[p] for p in owned)]
+        [
+            f"{o // workers}/{o % workers}",
+            ",".join(map(str, owned)) or "—",
+            sum(index.part_rows[p] for p in owned),
+        ]
         for o, owned in enumerate(plan.part_owners)
     ]
+    iterable_ranks = [[r, n] for r, n in enumerate(plan.iterable_rank_rows)]
     return dg.Output(
         index,
         metadata={
@@ -41,7 +47,11 @@ def disjoint_index(
             "world_size": chain_settings.world_size,
             "num_workers": chain_settings.num_workers,
             "map_style_shares": md.markdown_table(["rank", "items"], rank_rows),
-            "iterable_part_owners": md.markdown_table(["owner", "parts", "rows"], part_rows),
+            "iterable_part_owners": md.markdown_table(["rank/worker", "parts", "rows"], part_rows),
+            # Whole parts go to ranks first, balanced by rows: a rank that reads far fewer rows
+            # than another idles in DDP's Join while the other finishes.
+            "iterable_rank_rows": md.markdown_table(["rank", "rows"], iterable_ranks),
+            "iterable_rank_spread": plan.iterable_rank_spread,
         },
         data_version=dg.DataVersion(index.digest),
     )
