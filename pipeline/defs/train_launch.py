@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -41,6 +42,21 @@ from resources.bundle_store import BundleStore
 OUTCOME = "outcome.json"
 
 
+def _init_process_group() -> None:
+    """Join the gloo group through torchrun's store, under a prefix of this restart's own.
+
+    torchrun keeps its store across restarts; the default group's keys (each rank's gloo
+    address among them) would then still hold the killed attempt's values, and a restarted rank
+    could read a dead peer's address before the live one is written: "Connection refused", or a
+    connect that waits for its timeout. A prefix per restart (``TORCHELASTIC_RESTART_COUNT``)
+    makes every attempt rendezvous on keys only it writes.
+    """
+    store, rank, world = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"lithi/attempt-{attempt}", store)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Initialise the process group from torchrun's environment, train, and report from rank 0."""
     p = argparse.ArgumentParser(prog="pipeline.defs.train_launch")
@@ -55,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the run's folder: checkpoint/ and the outcome")
     args = p.parse_args(argv)
 
-    dist.init_process_group("gloo")
+    _init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     with contextlib.ExitStack() as stack:
         pipes = None
