@@ -11,6 +11,7 @@ with two torchrun ranks. The test then reads the instance and the bundles the ru
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,9 @@ def test_demo_ends_with_a_reconciled_summary_and_exit_0(tmp_path, storage):
     assert found["failed"] > 0  # the demo makes 2% of items fail: they are counted, not dropped
     assert found["accepted"] + found["failed"] + found["abstained"] == len(submitted)
     assert rec["outstanding"] == 0
+    # The digests the summary prints are the digests, not their UI formatting.
+    assert re.fullmatch(r"[0-9a-f]{64}", summary["checkpoint_sha256"])
+    output = summary["output_bundle"]
+    assert summary["output_content_sha256"] == output["content_sha256"]
+    assert verify(output["path"]).identity.content_sha256 == output["content_sha256"]
+    assert f"checkpoint sha256: {summary['checkpoint_sha256']}\n" in text

@@ -226,13 +226,13 @@ def summarize(
         "holdout_accuracy": training.get("holdout_accuracy"),
         "predictions": predictions.get("table_path"),
         "reconciliation": record.reconciliation.as_dict() if record else None,
-        "checkpoint_sha256": training.get("checkpoint_sha256"),
+        "checkpoint_sha256": record.checkpoint.sha256 if record else None,
         "output_bundle": (
             {**out_record.output.model_dump(), "path": out_record.bundle_path}
             if out_record
             else None
         ),
-        "output_content_sha256": output.get("bundle/content_sha256"),
+        "output_content_sha256": out_record.output.content_sha256 if out_record else None,
     }
 
 
