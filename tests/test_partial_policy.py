@@ -129,6 +129,21 @@ def test_partial_waits_out_the_delay_from_first_sight_then_resubmits_once():
         assert again.reasons == [f"{JOB}: resubmitted {V1}; waiting for the newer manifest"]
 
 
+def test_a_wall_clock_stepped_back_delays_a_resubmission_by_one_delay_at_most():
+    """The cursor holds wall-clock times; a clock stepped back an hour must not read as an hour
+    still to wait (it did: "resubmitting in 3599s")."""
+    cursor = JobCursor()
+    t0 = 10_000.0
+    decide(partial(), cursor, POLICY, now=t0)
+    stepped = t0 + 2 - 3600  # two seconds later, the clock set back an hour
+    d = decide(partial(), cursor, POLICY, now=stepped)
+    assert d.actions == []
+    assert d.reasons == [f"{JOB}: PARTIAL (54 outstanding); resubmitting in 10s (attempt 2/3)"]
+    assert decide(partial(), cursor, POLICY, now=stepped + 10).actions == [
+        Action("resubmit", JOB, V1, 1)
+    ]
+
+
 def test_each_newer_partial_version_waits_longer():
     cursor = JobCursor()
     waits = []

@@ -109,6 +109,10 @@ def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) ->
         return d
     # PARTIAL: resubmit the outstanding items once per version, with a growing delay.
     cursor.first_seen.setdefault(v, now)
+    if now < cursor.first_seen[v]:
+        # The wall clock was set back since first sight: the time waited so far is unknown, so
+        # the back-off restarts now (one delay at most) instead of waiting out the step.
+        cursor.first_seen[v] = now
     if v in cursor.resubmit_requested:
         return _after_resubmit(observed, cursor, policy, d)
     if observed.attempt >= policy.max_attempts or not observed.can_resubmit:
