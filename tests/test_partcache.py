@@ -227,6 +227,10 @@ def test_a_published_file_serves_only_the_part_it_was_decoded_from(tmp_path):
     os.rename(os.path.join(shared.path, "0.arrow"), os.path.join(shared.path, "1.arrow"))
     with pytest.raises(SharedPartMismatch, match="expected part 1"):
         shared.tables([1], _decoder([]))
+    short = SharedParts([{**t, "rows": 2} for t in _tags(1)], root=str(tmp_path))
+    short._publish(0, pa.table({"v": pa.array([0] * 3, pa.int64())}))
+    with pytest.raises(SharedPartMismatch, match="3 rows, part 0 has 2"):
+        short.tables([0], _decoder([]))
 
 
 def test_no_space_to_publish_falls_back_to_private_decoding(tmp_path, monkeypatch):

@@ -119,8 +119,9 @@ class SharedParts:
     """A directory of decoded parts, shared by the processes forked or spawned from its owner.
 
     ``tags[p]`` names what part ``p`` is decoded from (the snapshot, the part's path and sha256,
-    the columns); it is written into every published file and compared on every open, so a file
-    can only ever serve the part, columns and snapshot it was decoded from.
+    the columns, and ``rows``); it is written into every published file and compared on every
+    open, with the row count, so a file can only ever serve the part, columns and snapshot it
+    was decoded from.
     """
 
     def __init__(self, tags: list[dict[str, Any]], root: str | None = None) -> None:
@@ -131,6 +132,7 @@ class SharedParts:
         prefix = f"{PREFIX}{_pid_namespace()}-{os.getpid()}-"
         self.path = tempfile.mkdtemp(prefix=prefix, dir=root)  # mode 0700
         self._tags = [json.dumps(t, sort_keys=True).encode() for t in tags]
+        self._rows = [t.get("rows") for t in tags]
         self._owner_pid = os.getpid()
         self._full = False  # this process could not publish (e.g. /dev/shm full): stop trying
         self._finalizer = weakref.finalize(self, _remove, self.path, self._owner_pid)
@@ -196,6 +198,10 @@ class SharedParts:
         if tag != self._tags[p]:
             raise SharedPartMismatch(
                 f"{self._file(p)}: published for {tag!r}, expected part {p} as {self._tags[p]!r}"
+            )
+        if self._rows[p] is not None and table.num_rows != self._rows[p]:
+            raise SharedPartMismatch(
+                f"{self._file(p)}: {table.num_rows} rows, part {p} has {self._rows[p]}"
             )
         return table.replace_schema_metadata(meta or None)
 
