@@ -244,3 +244,19 @@ def test_no_space_to_publish_falls_back_to_private_decoding(tmp_path, monkeypatc
     got = shared.tables([0, 1], _decoder(calls))
     assert calls == [0, 1] and got[1]["v"].to_pylist() == [1] * 3
     assert shared.published() == [] and sorted(os.listdir(shared.path)) == ["0.lock"]
+
+
+def test_spawned_workers_share_too_and_never_own_the_directory(index):
+    loader = _loader(index, transfer_batches=4, multiprocessing_context="spawn")
+    private = _loader(index, transfer_batches=4, share_decoded=False)
+    assert _epoch(loader, 1) == _epoch(private, 1)
+    shared = loader.dataset.shared
+    assert shared.published() == list(range(len(SIZES)))
+    path = Path(shared.path)
+    set_epoch(loader, 2)  # persistent workers: shut them down by dropping the iterator
+    loader.loader._iterator = None
+    gc.collect()
+    assert path.exists()  # the workers' copies are gone; the owner's directory is not
+    del loader, shared
+    gc.collect()
+    assert not path.exists()
