@@ -94,6 +94,7 @@ def test_shared_and_private_decoding_give_the_same_batches(index):
 
 
 def test_opting_out_or_bounding_the_cache_creates_no_directory(index):
+    assert _loader(index, num_workers=0, multiprocessing_context=None).dataset.shared is None
     assert MapDataset(index, share_decoded=False).shared is None
     assert MapDataset(index, max_cached_parts=2).shared is None  # bounded memory stays bounded
     assert MapDataset(index, max_cached_parts=2, share_decoded=True).shared is not None

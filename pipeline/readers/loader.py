@@ -95,7 +95,8 @@ def make_loader(
         )
     inner_batch = batch_size * transfer_batches
     if style == "map":
-        ds = MapDataset(index, columns, share_decoded=share_decoded)
+        # without worker processes there is no one to share with: no directory
+        ds = MapDataset(index, columns, share_decoded=share_decoded and num_workers > 0)
         sampler = OwnerSampler(index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
         loader_kwargs.setdefault("persistent_workers", num_workers > 0)
         inner = DataLoader(
