@@ -206,13 +206,19 @@ def rounds(index: Index, n: int) -> None:
     ratios: dict[str, list[float]] = {k: [] for k in names}
     for r in range(n):
         before = raw_limit(index)
+        # the opt-out (each worker decodes for itself, as before the shared parts) in the same
+        # round, before the shared epochs in odd rounds and after them in even ones
+        unshared = make_loader(index, style="map", share_decoded=False, **kw)
+        unshared_rate = loader_rate(unshared) if r % 2 else None
+        del unshared
         m = make_loader(index, style="map", shuffle=True, **kw)
         rates = [loader_rate(m)]
         set_epoch(m, 1)
         rates.append(loader_rate(m))
         del m
-        # the opt-out (each worker decodes for itself, as before the shared parts): same round
-        rates.append(loader_rate(make_loader(index, style="map", share_decoded=False, **kw)))
+        if unshared_rate is None:
+            unshared_rate = loader_rate(make_loader(index, style="map", share_decoded=False, **kw))
+        rates.append(unshared_rate)
         rates.append(loader_rate(make_loader(index, style="iterable", shuffle=False, **kw)))
         rates.append(loader_rate(make_loader(index, style="iterable", shuffle=True, **kw)))
         rates.append(resumed_rate(index, dict(style="iterable", shuffle=False, **kw)))
