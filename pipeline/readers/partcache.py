@@ -12,8 +12,9 @@ it needs meanwhile and waits only when nothing else is left.
 
 Only the owning process removes the directory: when the owner is garbage-collected or its
 interpreter exits (``weakref.finalize``). A worker's crash leaves at most a temporary file
-inside it, removed with it. A directory whose owner was killed outright (SIGKILL) is removed by
-the next :class:`SharedParts` created on the machine by the same user.
+inside it, removed with it. A directory whose owner was killed outright (SIGKILL, or a SIGTERM
+with no handler) is removed by the next :class:`SharedParts` the same user creates in the same
+pid namespace (:func:`sweep_stale`).
 """
 
 from __future__ import annotations
