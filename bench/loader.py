@@ -15,7 +15,9 @@ what a resume costs (the second half of an epoch, timed from a fresh loader's lo
     .venv/bin/python bench/loader.py [--rows N] [--skip-rss] [--rounds N]
 
 ``--rounds N`` runs only the default wiring N times, each round against its own limit, and prints
-the median and range of each ratio: on a machine whose speed drifts, one table can mislead.
+the median and range of each ratio: on a machine whose speed drifts, one table can mislead. Each
+round also runs the cold map-style epoch with ``share_decoded=False`` (every worker decodes the
+parts it touches, the wiring before decoded parts were shared), so the two compare in one round.
 """
 
 from __future__ import annotations
@@ -193,15 +195,30 @@ def rounds(index: Index, n: int) -> None:
     """n rounds of the default wiring, each ratio against its own round's limit (first or last,
     the higher); prints every round and the median, so a noisy machine shows as a range."""
     kw = dict(batch_size=BATCH, num_workers=WORKERS)
-    names = ["map cold", "map warm", "iterable", "iterable shuffled", "iterable resumed"]
+    names = [
+        "map cold",
+        "map warm",
+        "map cold unshared",
+        "iterable",
+        "iterable shuffled",
+        "iterable resumed",
+    ]
     ratios: dict[str, list[float]] = {k: [] for k in names}
     for r in range(n):
         before = raw_limit(index)
+        # the opt-out (each worker decodes for itself, as before the shared parts) in the same
+        # round, before the shared epochs in odd rounds and after them in even ones
+        unshared = make_loader(index, style="map", share_decoded=False, **kw)
+        unshared_rate = loader_rate(unshared) if r % 2 else None
+        del unshared
         m = make_loader(index, style="map", shuffle=True, **kw)
         rates = [loader_rate(m)]
         set_epoch(m, 1)
         rates.append(loader_rate(m))
         del m
+        if unshared_rate is None:
+            unshared_rate = loader_rate(make_loader(index, style="map", share_decoded=False, **kw))
+        rates.append(unshared_rate)
         rates.append(loader_rate(make_loader(index, style="iterable", shuffle=False, **kw)))
         rates.append(loader_rate(make_loader(index, style="iterable", shuffle=True, **kw)))
         rates.append(resumed_rate(index, dict(style="iterable", shuffle=False, **kw)))
@@ -242,6 +259,10 @@ def main() -> None:
         kw = dict(batch_size=BATCH, num_workers=WORKERS, transfer_batches=k)
         m = make_loader(index, style="map", shuffle=True, **kw)
         results[f"map-style shuffled, epoch 1 (cold), {tag}"] = loader_rate(m)
+        if k == TRANSFER:
+            results[f"  same, share_decoded=False (each worker decodes), {tag}"] = loader_rate(
+                make_loader(index, style="map", shuffle=True, share_decoded=False, **kw)
+            )
         set_epoch(m, 1)
         results[f"map-style shuffled, epoch 2 (warm), {tag}"] = loader_rate(m)
         if k == TRANSFER:  # best of two, alternating, so neither gets the quieter moment

@@ -20,6 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items, 7 uneven parts
 
 
+def _shared_dirs() -> set[str]:
+    """The decoded-part directories of this pid namespace (MapDataset's shared parts)."""
+    from pipeline.readers import partcache
+
+    mine = f"{partcache.PREFIX}{partcache._pid_namespace()}-"
+    return {n for n in os.listdir(partcache.default_root()) if n.startswith(mine)}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,8 +66,10 @@ def bundle(tmp_path_factory) -> Path:
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_two_ranks_two_workers_read_every_item_exactly_once(bundle, tmp_path):
+    before = _shared_dirs()
     proc = _torchrun(bundle, tmp_path, timeout=90)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _shared_dirs() <= before  # each rank removed its decoded parts when it exited
     expected = sorted(f"{i:05d}" for i in range(sum(SIZES)))
     summaries = [json.loads((tmp_path / f"summary-rank{r}.json").read_text()) for r in (0, 1)]
     for style in ("map", "iterable"):
@@ -102,13 +112,17 @@ def _share_order(bundle: Path, rank: int) -> list[str]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("k", ["first", "middle", "last"])
 def test_an_epoch_killed_by_sigkill_resumes_exactly_once(bundle, tmp_path, k):
+    before = _shared_dirs()
     stopped = _torchrun(
         bundle, tmp_path, "--phase", "stop", "--k", k, timeout=120, script=RESUME_SCRIPT
     )
     assert stopped.returncode != 0, "rank 1 was meant to die by SIGKILL"
     assert "Signal 9 (SIGKILL)" in stopped.stderr, stopped.stderr[-3000:]
+    killed = _shared_dirs() - before  # nothing runs in a killed rank: its directory stays...
     resumed = _torchrun(bundle, tmp_path, "--phase", "resume", timeout=120, script=RESUME_SCRIPT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert killed and not killed & _shared_dirs()  # ...until the restarted ranks sweep it
+    assert _shared_dirs() <= before
     expected = sorted(f"{i:05d}" for i in range(sum(SIZES)))
     for style in ("map", "iterable"):
         every: list[str] = []

@@ -24,10 +24,11 @@ from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 from pipeline.bundle.errors import RowCountMismatch
 from pipeline.bundle.verify import VerifiedSnapshot, require_verified
-from pipeline.readers import split
+from pipeline.readers import partcache, split
 from pipeline.readers.batches import Row
 from pipeline.readers.index import Index
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
+from pipeline.readers.partcache import SharedParts
 from pipeline.readers.tensors import Batch, Wire, to_wire, wire_to_batch
 
 
@@ -62,6 +63,12 @@ class MapDataset(Dataset):
     else — a path, a manifest — is refused with :class:`~pipeline.bundle.errors.NotVerified`.
     Decoded parts are cached per process (``max_cached_parts``, default all parts this process
     touches), so with :class:`OwnerSampler` a rank's workers decode only that rank's share.
+
+    ``share_decoded`` (default: on unless ``max_cached_parts`` bounds the cache) makes the
+    DataLoader workers of the process that built the dataset share their decoded parts
+    (:class:`~pipeline.readers.partcache.SharedParts`): each part is decoded once per rank and
+    memory-mapped by every worker, instead of decoded and held by each. The shared directory
+    lives as long as this dataset in the process that built it; ``share_decoded=False`` opts out.
     """
 
     def __init__(
@@ -70,6 +77,7 @@ class MapDataset(Dataset):
         columns: Sequence[str] | None = None,
         *,
         max_cached_parts: int | None = None,
+        share_decoded: bool | None = None,
     ) -> None:
         self.index = _as_index(index, "MapDataset")
         self.columns = self.index.resolve_columns(columns)
@@ -77,6 +85,11 @@ class MapDataset(Dataset):
             raise ValueError(f"max_cached_parts must be >= 1 or None, got {max_cached_parts}")
         self.max_cached_parts = max_cached_parts
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        if share_decoded is None:
+            share_decoded = max_cached_parts is None
+        self.shared: SharedParts | None = None
+        if share_decoded and partcache.available():
+            self.shared = SharedParts(_part_tags(self.index, self.columns))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -86,17 +99,39 @@ class MapDataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def _part(self, p: int) -> pa.Table:
-        table = self._cache.get(p)
-        if table is not None:
-            self._cache.move_to_end(p)
-            return table
+    def _decode(self, p: int) -> pa.Table:
         # one chunk per column: Arrow's take over a many-chunked column concatenates it first
-        table = _read_part(self.index, p, self.columns).combine_chunks()
-        self._cache[p] = table
-        if self.max_cached_parts is not None and len(self._cache) > self.max_cached_parts:
-            self._cache.popitem(last=False)
-        return table
+        return _read_part(self.index, p, self.columns).combine_chunks()
+
+    def _tables(self, parts: Sequence[int]) -> dict[int, pa.Table]:
+        """The decoded tables of ``parts`` (distinct), from this process's cache or decoded.
+
+        In a DataLoader worker, parts not cached here come from the shared directory, decoded
+        there once for all of this rank's workers; elsewhere they are decoded here.
+        """
+        out: dict[int, pa.Table] = {}
+        missing: list[int] = []
+        for p in parts:
+            table = self._cache.get(p)
+            if table is None:
+                missing.append(p)
+            else:
+                self._cache.move_to_end(p)
+                out[p] = table
+        if not missing:
+            return out
+        if self.shared is not None and get_worker_info() is not None:
+            fresh = self.shared.tables(missing, self._decode)
+        else:
+            fresh = {p: self._decode(p) for p in missing}
+        for p in missing:
+            self._cache[p] = out[p] = fresh[p]
+            if self.max_cached_parts is not None and len(self._cache) > self.max_cached_parts:
+                self._cache.popitem(last=False)
+        return out
+
+    def _part(self, p: int) -> pa.Table:
+        return self._tables([p])[p]
 
     def take(self, positions: Sequence[int] | np.ndarray) -> pa.Table:
         """The rows at ``positions`` as one Arrow table, in the order given."""
@@ -109,7 +144,10 @@ class MapDataset(Dataset):
         order = np.argsort(part, kind="stable")
         sorted_parts = part[order]
         cuts = np.flatnonzero(np.diff(sorted_parts)) + 1
-        pieces = [self._part(int(part[g[0]])).take(row[g]) for g in np.split(order, cuts)]
+        groups = np.split(order, cuts)
+        needed = [int(part[g[0]]) for g in groups]
+        tables = self._tables(needed)  # all at once: a worker decodes what no other is decoding
+        pieces = [tables[p].take(row[g]) for p, g in zip(needed, groups, strict=True)]
         grouped = pa.concat_tables(pieces)
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
@@ -134,6 +172,21 @@ class MapDataset(Dataset):
             c for c in self.columns if self.index.schema.field(c).type[:5] == "list<"
         )
         return Row({k: v[0] for k, v in batch.items()}, ragged)
+
+
+def _part_tags(index: Index, columns: Sequence[str]) -> list[dict[str, Any]]:
+    """What each part's shared decoded file must say it holds: snapshot, part, digest, columns."""
+    ident = index.snapshot.identity
+    return [
+        {
+            "snapshot": f"{ident.version_id}:{ident.content_sha256}",
+            "part": part.path,
+            "sha256": part.sha256,
+            "rows": part.rows,
+            "columns": list(columns),
+        }
+        for part in index.manifest.parts
+    ]
 
 
 def _empty(ds: MapDataset) -> pa.Table:

@@ -58,6 +58,7 @@ def make_loader(
     world_size: int | None = None,
     drop_last: bool = False,
     transfer_batches: int | None = None,
+    share_decoded: bool = True,
     **loader_kwargs: Any,
 ) -> ReaderLoader:
     """A resumable loader over this rank's share of ``index`` (a :class:`ReaderLoader`).
@@ -76,6 +77,10 @@ def make_loader(
     one by one (see ``docs/readers.md``). The default (``None``) ships about
     :data:`TRANSFER_ROWS` rows per message when there are worker processes, and single batches
     otherwise or with ``drop_last`` (whose meaning would change with larger messages).
+
+    ``share_decoded`` (map-style) lets this rank's workers share decoded parts, so each part is
+    decoded once per rank rather than once per worker (see :class:`MapDataset`); ``False`` has
+    each worker decode and cache its own.
     """
     if transfer_batches is None:
         transfer_batches = 1 if num_workers == 0 or drop_last else auto_transfer(batch_size)
@@ -90,7 +95,8 @@ def make_loader(
         )
     inner_batch = batch_size * transfer_batches
     if style == "map":
-        ds = MapDataset(index, columns)
+        # without worker processes there is no one to share with: no directory
+        ds = MapDataset(index, columns, share_decoded=share_decoded and num_workers > 0)
         sampler = OwnerSampler(index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
         loader_kwargs.setdefault("persistent_workers", num_workers > 0)
         inner = DataLoader(

@@ -1,0 +1,263 @@
+"""Decoded parts shared by a rank's workers: decoded once per rank, same batches, no leftovers."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import pipeline.readers.datasets as datasets_module
+from pipeline.readers import Index, MapDataset, make_loader, partcache, set_epoch
+from pipeline.readers.partcache import PREFIX, SharedPartMismatch, SharedParts, sweep_stale
+from tests.helpers.bundles import make_bundle
+
+SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Index:
+    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("pc"), SIZES))
+
+
+def _count_decodes(monkeypatch, log: Path) -> None:
+    """Every part decode appends its part number to ``log`` (visible from forked workers)."""
+    real = datasets_module._read_part
+
+    def logged(index, p, columns):
+        with open(log, "a") as f:  # O_APPEND: whole lines from every forked worker
+            f.write(f"{p}\n")
+        return real(index, p, columns)
+
+    monkeypatch.setattr(datasets_module, "_read_part", logged)
+
+
+def _decodes(log: Path) -> list[int]:
+    return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
+
+
+def _loader(index, **kw):
+    args = dict(style="map", batch_size=16, num_workers=2, seed=3, multiprocessing_context="fork")
+    args.update(kw)
+    return make_loader(index, **args)
+
+
+def _epoch(loader, epoch: int) -> list[tuple[str, ...]]:
+    set_epoch(loader, epoch)
+    return [tuple(b["item_id"]) for b in loader]
+
+
+@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 2)])
+def test_each_part_is_decoded_once_per_rank_by_two_workers(
+    index, tmp_path, monkeypatch, rank, world
+):
+    log = tmp_path / "decodes.txt"
+    _count_decodes(monkeypatch, log)
+    # 4 batches a message: each worker's first message touches every part of the share
+    loader = _loader(index, transfer_batches=4, rank=rank, world_size=world)
+    parts = sorted({int(p) for p in index.locate(loader.sampler.positions())[0]})
+    first = _epoch(loader, 0)
+    assert _decodes(log) == parts  # once each, whichever worker got there first
+    second = _epoch(loader, 1)  # warm: persistent workers map what was published
+    assert _decodes(log) == parts
+    assert sorted(x for b in first for x in b) == sorted(x for b in second for x in b)
+    shared = loader.dataset.shared
+    assert shared.published() == parts
+
+
+def test_fresh_workers_reuse_the_published_parts(index, tmp_path, monkeypatch):
+    log = tmp_path / "decodes.txt"
+    _count_decodes(monkeypatch, log)
+    loader = _loader(index, transfer_batches=4, persistent_workers=False)
+    _epoch(loader, 0)
+    _epoch(loader, 1)  # new worker processes: nothing decoded again
+    assert _decodes(log) == list(range(len(SIZES)))
+
+
+def test_shared_and_private_decoding_give_the_same_batches(index):
+    for epoch in (0, 2):
+        shared = _loader(index, transfer_batches=4)
+        private = _loader(index, transfer_batches=4, share_decoded=False)
+        assert private.dataset.shared is None and shared.dataset.shared is not None
+        a, b = _epoch(shared, epoch), _epoch(private, epoch)
+        assert a == b and sum(len(x) for x in a) == len(index)
+
+
+def test_opting_out_or_bounding_the_cache_creates_no_directory(index):
+    assert _loader(index, num_workers=0, multiprocessing_context=None).dataset.shared is None
+    assert MapDataset(index, share_decoded=False).shared is None
+    assert MapDataset(index, max_cached_parts=2).shared is None  # bounded memory stays bounded
+    assert MapDataset(index, max_cached_parts=2, share_decoded=True).shared is not None
+
+
+def test_the_main_process_never_publishes(index, tmp_path, monkeypatch):
+    log = tmp_path / "decodes.txt"
+    _count_decodes(monkeypatch, log)
+    ds = MapDataset(index)
+    ds.__getitems__(list(range(len(index))))
+    assert ds.shared.published() == [] and _decodes(log) == list(range(len(SIZES)))
+
+
+def test_the_directory_goes_with_the_dataset(index):
+    loader = _loader(index, transfer_batches=4)
+    _epoch(loader, 0)
+    path = Path(loader.dataset.shared.path)
+    assert path.parent == Path(partcache.default_root()) and path.name.startswith(PREFIX)
+    assert (path.stat().st_mode & 0o777) == 0o700
+    assert sorted(p.name for p in path.glob("*.arrow")) == [f"{p}.arrow" for p in range(7)]
+    del loader
+    gc.collect()
+    assert not path.exists()
+
+
+_OUT = dict(cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _run_child(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], **_OUT)
+
+
+CHILD = """
+    import os, signal, sys
+    from pipeline.bundle.verify import verify
+    from pipeline.readers import Index, make_loader
+    index = Index.from_snapshot(verify(sys.argv[1]))
+    loader = make_loader(index, batch_size=16, num_workers=2, seed=3, transfer_batches=4,
+                         multiprocessing_context="fork")
+    print(loader.dataset.shared.path, flush=True)
+    it = iter(loader)
+    next(it)
+    if sys.argv[2] == "kill-worker":
+        for w in loader.loader._iterator._workers:
+            os.kill(w.pid, signal.SIGKILL)
+        try:
+            for _ in it:
+                pass
+        except RuntimeError as e:  # torch: "DataLoader worker (pid ...) is killed by signal"
+            print("worker died:", e, flush=True)
+            sys.exit(3)
+    if sys.argv[2] == "kill-main":
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in it:
+        pass
+    # exit with the loader and its workers alive: the interpreter's exit removes the directory
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill-worker"])
+def test_nothing_is_left_after_the_process_exits(index, how):
+    done = _run_child(CHILD, str(index.snapshot.root), how)
+    assert done.returncode == (3 if how == "kill-worker" else 0), done.stderr
+    path = Path(done.stdout.split()[0])
+    assert path.name.startswith(PREFIX)
+    if how == "kill-worker":
+        assert "worker died" in done.stdout
+    assert not path.exists()
+
+
+def test_a_killed_owners_directory_is_swept_by_the_next_one(index):
+    done = _run_child(CHILD, str(index.snapshot.root), "kill-main")
+    assert done.returncode == -signal.SIGKILL
+    path = Path(done.stdout.split()[0])
+    assert path.exists()  # nothing runs in a SIGKILLed process...
+    assert str(path) in sweep_stale(str(path.parent))  # ...so the next owner removes it
+    assert not path.exists()
+
+
+def test_the_sweep_spares_live_owners_other_namespaces_and_other_names(tmp_path):
+    ns = partcache._pid_namespace()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
+    dead_pid = int(dead.stdout)  # a pid that just exited
+    live = tmp_path / f"{PREFIX}{ns}-{os.getpid()}-abc"
+    elsewhere = tmp_path / f"{PREFIX}{ns}0-{dead_pid}-abc"  # another container's namespace
+    stale = tmp_path / f"{PREFIX}{ns}-{dead_pid}-abc"
+    other = tmp_path / f"{PREFIX}{ns}-notapid"
+    unrelated = tmp_path / "something-else"
+    for d in (live, elsewhere, stale, other, unrelated):
+        d.mkdir()
+    assert sweep_stale(str(tmp_path)) == [str(stale)]
+    assert all(d.exists() for d in (live, elsewhere, other, unrelated))
+
+
+def _decoder(calls: list[int]):
+    def decode(p: int) -> pa.Table:
+        calls.append(p)
+        return pa.table({"v": pa.array([p] * 3, pa.int64())})
+
+    return decode
+
+
+def _tags(n: int) -> list[dict]:
+    return [{"snapshot": "s", "part": f"p{i}", "sha256": "0" * 64, "rows": 3} for i in range(n)]
+
+
+def test_a_worker_decodes_other_parts_while_one_is_locked_then_waits(tmp_path):
+    shared = SharedParts(_tags(3), root=str(tmp_path))
+    other = SharedParts.__new__(SharedParts)  # another worker's view of the same directory
+    other.__setstate__(shared.__getstate__())
+    fd = os.open(os.path.join(shared.path, "0.lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "another worker" is decoding part 0
+    calls: list[int] = []
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(shared.tables([0, 1, 2], _decoder(calls))))
+    t.start()
+    t.join(timeout=2)
+    assert t.is_alive() and calls == [1, 2]  # it did what it could, then waits for part 0
+    other._publish(0, pa.table({"v": pa.array([0] * 3, pa.int64())}))
+    os.close(fd)  # the other worker is done
+    t.join(timeout=10)
+    assert not t.is_alive() and calls == [1, 2]  # part 0 was mapped, never decoded here
+    assert {p: got[p]["v"].to_pylist() for p in got} == {0: [0] * 3, 1: [1] * 3, 2: [2] * 3}
+    shared.close()
+    assert not os.path.exists(shared.path)
+
+
+def test_a_published_file_serves_only_the_part_it_was_decoded_from(tmp_path):
+    shared = SharedParts(_tags(2), root=str(tmp_path))
+    shared._publish(0, pa.table({"v": pa.array([0] * 3, pa.int64())}))
+    os.rename(os.path.join(shared.path, "0.arrow"), os.path.join(shared.path, "1.arrow"))
+    with pytest.raises(SharedPartMismatch, match="expected part 1"):
+        shared.tables([1], _decoder([]))
+    short = SharedParts([{**t, "rows": 2} for t in _tags(1)], root=str(tmp_path))
+    short._publish(0, pa.table({"v": pa.array([0] * 3, pa.int64())}))
+    with pytest.raises(SharedPartMismatch, match="3 rows, part 0 has 2"):
+        short.tables([0], _decoder([]))
+
+
+def test_no_space_to_publish_falls_back_to_private_decoding(tmp_path, monkeypatch):
+    shared = SharedParts(_tags(2), root=str(tmp_path))
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(partcache.ipc, "new_file", full)
+    calls: list[int] = []
+    got = shared.tables([0, 1], _decoder(calls))
+    assert calls == [0, 1] and got[1]["v"].to_pylist() == [1] * 3
+    assert shared.published() == [] and sorted(os.listdir(shared.path)) == ["0.lock"]
+
+
+def test_spawned_workers_share_too_and_never_own_the_directory(index):
+    loader = _loader(index, transfer_batches=4, multiprocessing_context="spawn")
+    private = _loader(index, transfer_batches=4, share_decoded=False)
+    assert _epoch(loader, 1) == _epoch(private, 1)
+    shared = loader.dataset.shared
+    assert shared.published() == list(range(len(SIZES)))
+    path = Path(shared.path)
+    set_epoch(loader, 2)  # persistent workers: shut them down by dropping the iterator
+    loader.loader._iterator = None
+    gc.collect()
+    assert path.exists()  # the workers' copies are gone; the owner's directory is not
+    del loader, shared
+    gc.collect()
+    assert not path.exists()
