@@ -1,7 +1,10 @@
 """The reference trainer's predictions: one row per item, keyed by the same id.
 
 Failed and abstained items are predicted too, so the table accounts for the whole manifest;
-their ``lithi_status`` travels beside the prediction so a reader can tell them apart.
+their ``lithi_status`` travels beside the prediction so a reader can tell them apart. Items are
+read with the iterable reader, in part order: its memory is one row group, where the map-style
+reader keeps every decoded part it touched (the whole bundle, for a full pass). Columns stay
+Arrow and numpy end to end; no per-item Python object is made.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def predict_reference(ctx: PredictContext, *, batch_size: int = 1024) -> pa.Tabl
     """
     model, spec = load_checkpoint(ctx.checkpoint_dir / CHECKPOINT)
     index = ctx.index
-    loader = ctx.loader(style="map", batch_size=batch_size, shuffle=False, num_workers=0)
+    loader = ctx.loader(style="iterable", batch_size=batch_size, shuffle=False, num_workers=0)
     ids: list[pa.Array] = []
     preds: list[np.ndarray] = []
     scores: list[np.ndarray] = []
@@ -49,11 +52,15 @@ def predict_reference(ctx: PredictContext, *, batch_size: int = 1024) -> pa.Tabl
     }
     if spec.task == "classification":
         k = np.concatenate(preds) if preds else np.zeros(0, np.int64)
-        columns["prediction"] = pa.array([spec.classes[i] for i in k.tolist()])
+        columns["prediction"] = pa.array(spec.classes).take(pa.array(k, pa.int64()))
         columns["score"] = pa.array(np.concatenate(scores) if scores else [], pa.float32())
     else:
         columns["prediction"] = pa.array(np.concatenate(preds) if preds else [], pa.float64())
     if index.is_result:
         columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
-    columns["checkpoint_sha256"] = pa.array([ctx.checkpoint_sha256] * n, pa.string())
+    # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64 (a
+    # staged bundle declares it string; Parquet stores it dictionary-encoded either way).
+    columns["checkpoint_sha256"] = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int8)), pa.array([ctx.checkpoint_sha256], pa.string())
+    )
     return pa.table(columns)

@@ -68,25 +68,35 @@ def feature_columns(
     return cols
 
 
-def feature_matrix(table: pa.Table, columns: list[str]) -> tuple[np.ndarray, list[int]]:
-    """Stack feature columns into a float64 matrix (nulls become NaN); also each column's width."""
+def feature_matrix(
+    table: pa.Table, columns: list[str], dtype: type = np.float64
+) -> tuple[np.ndarray, list[int]]:
+    """Stack feature columns into a ``dtype`` matrix (nulls become NaN); also each column's width.
+
+    A single list column without nulls is one reshape of its values (no fill, no stacking): the
+    common embedding case, where the copies would cost more than the labelling.
+    """
     blocks, widths = [], []
     for name in columns:
         col = table.column(name).combine_chunks()
         if pa.types.is_fixed_size_list(col.type):
             width = col.type.list_size
-            block = np.full((len(col), width), np.nan)
-            valid = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-            if valid.any():
-                # flatten() skips null lists, so the values line up with the valid rows
-                values = col.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
-                block[valid] = values.reshape(-1, width)
+            if col.null_count == 0 and col.offset == 0:
+                values = col.flatten().to_numpy(zero_copy_only=False)
+                block = values.astype(dtype, copy=False).reshape(-1, width)
+            else:
+                block = np.full((len(col), width), np.nan, dtype=dtype)
+                valid = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+                if valid.any():
+                    # flatten() skips null lists, so the values line up with the valid rows
+                    values = col.flatten().to_numpy(zero_copy_only=False).astype(dtype)
+                    block[valid] = values.reshape(-1, width)
         else:
             width = 1
             block = col.cast(pa.float64()).to_numpy(zero_copy_only=False).reshape(-1, 1)
-        blocks.append(np.asarray(block, dtype=np.float64))
+        blocks.append(np.asarray(block, dtype=dtype))
         widths.append(width)
-    return np.hstack(blocks), widths
+    return (blocks[0] if len(blocks) == 1 else np.hstack(blocks)), widths
 
 
 @dataclass(frozen=True)
@@ -220,8 +230,9 @@ def make_labeller(
     ref_y = reference.column(REFERENCE_LABEL_COLUMN).cast(pa.int64()).to_numpy(zero_copy_only=False)
     if method == "centroid":
         model = fit_centroids(ref_x, ref_y, widths)
+        # float32: the embedding's own precision, and half the memory traffic of float64
         return lambda t: label_by_centroid(
-            feature_matrix(t, cols)[0], model, abstain_margin=abstain_margin
+            feature_matrix(t, cols, np.float32)[0], model, abstain_margin=abstain_margin
         )
     return lambda t: label_items(
         feature_matrix(t, cols)[0], ref_x, ref_y, widths, k=k, abstain_margin=abstain_margin
@@ -293,23 +304,32 @@ def label_by_centroid(x: np.ndarray, model: CentroidModel, *, abstain_margin: fl
     label = np.zeros(n, dtype=np.int64)
     confidence = np.full(n, np.nan, dtype=np.float32)
     verification = np.full(n, "not_run", dtype=object)
-    ok_rows = np.flatnonzero(~np.isnan(x).any(axis=1))
-    cen = model.centroids
-    cen_sq = (cen**2).sum(axis=1)
-    cen_unit = cen / np.maximum(np.sqrt(cen_sq), 1e-12)[:, None]
-    for start in range(0, len(ok_rows), _CHUNK_ROWS * 8):
-        rows = ok_rows[start : start + _CHUNK_ROWS * 8]
-        z = (x[rows] - model.centre) / model.scale
-        dots = z @ cen.T
-        d = (z**2).sum(axis=1, keepdims=True) - 2 * dots + cen_sq
-        logits = -d / (2 * model.variance)
+    bad = np.isnan(x).any(axis=1)
+    ok_rows = np.flatnonzero(~bad)
+    dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
+    # Standardising is affine, so it folds into the centroids: z . m = x . (m / s) - (c / s) . m,
+    # one matrix product per chunk and no standardised copy of the rows.
+    w = (model.centroids / model.scale).astype(dtype)
+    bias = (model.centroids * (model.centre / model.scale)).sum(axis=1)
+    cen_sq = (model.centroids**2).sum(axis=1)
+    angle_norm = np.maximum(np.sqrt(cen_sq), 1e-12)
+    step = _CHUNK_ROWS * 8
+    for start in range(0, len(ok_rows), step):
+        rows = ok_rows[start : start + step] if bad.any() else slice(start, start + step)
+        dots = x[rows] @ w.T - bias  # z . m for every centroid m, z the standardised row
+        # |z - m|^2 = |z|^2 - 2 z.m + |m|^2; |z|^2 is the same for every class, so it cancels
+        # in the posterior and the ordering: only -2 z.m + |m|^2 matters.
+        logits = (2 * dots - cen_sq) / (2 * model.variance)
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=1, keepdims=True)
         top = p.argmax(axis=1)
-        ordered = np.sort(p, axis=1)
-        margin = ordered[:, -1] - (ordered[:, -2] if len(model.classes) > 1 else 0.0)
-        by_angle = (z @ cen_unit.T).argmax(axis=1)
+        if len(model.classes) > 1:
+            two = np.partition(p, -2, axis=1)
+            margin = two[:, -1] - two[:, -2]
+        else:
+            margin = np.ones(len(top), dtype=p.dtype)
+        by_angle = (dots / angle_norm).argmax(axis=1)
         label[rows] = model.classes[top]
         confidence[rows] = margin.astype(np.float32)
         status[rows] = np.where(margin < abstain_margin, "abstained", "accepted")

@@ -146,7 +146,9 @@ def _labelled_batches(snap: VerifiedSnapshot, labeller, schema: pa.Schema):
     in_schema = snap.manifest.schema_.to_arrow()
     for path in snap.part_paths():
         for rb in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
-            table = pa.Table.from_batches([rb]).cast(in_schema)
+            table = pa.Table.from_batches([rb])
+            if not table.schema.equals(in_schema):  # a cast copies every column: only if needed
+                table = table.cast(in_schema)
             yield from _result_table(table, labeller(table), schema).to_batches()
 
 
