@@ -418,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict = {"args": vars(args), "runs": []}
+    path = OUT / f"chain-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"
     for items in args.items:
         work = OUT / f"chain-{items}"
         shutil.rmtree(work, ignore_errors=True)
@@ -427,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             (work / f"dagster-ws{ws}" / "dagster.yaml").write_text(DAGSTER_YAML)
         common = ["--work", str(work), "--items", str(items)]
         steps = {"stage": run_child(["stage", *common])}
-        print(f"{items:,} items: staged in {steps['stage']['wall']:.1f}s", file=sys.stderr)
+        print(
+            f"{items:,} items: staged in {steps['stage']['wall']:.1f}s", file=sys.stderr, flush=True
+        )
         steps["label"] = run_child(["label", *common])
         print(f"  labelled in {steps['label']['wall']:.1f}s", file=sys.stderr)
         by_world = {}
@@ -440,13 +443,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  ws{ws} {step}: {by_world[ws][step]['step_wall']:.1f}s",
                     file=sys.stderr,
+                    flush=True,
                 )
         results["runs"].append({"items": items, "steps": steps, "by_world": by_world})
+        path.write_text(json.dumps(results, indent=2))  # after every size: a long run keeps each
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    path = OUT / f"chain-{stamp}.json"
-    path.write_text(json.dumps(results, indent=2))
     print_table(results)
     print(f"\nraw results: {path.relative_to(ROOT)}")
     return 0

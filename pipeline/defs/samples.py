@@ -109,7 +109,7 @@ SYNTHETIC_ID_FIELD = "item_id"
 SYNTHETIC_FEATURE = "embedding"
 SYNTHETIC_DIM = 64
 SYNTHETIC_CLASSES = 10
-#: Spread of the class centres (per coordinate) against unit noise: about 98% of the items lie
+#: Spread of the class centres (per coordinate) against unit noise: about 95% of the items lie
 #: nearer their own centre than any other, so the classes are learnable but not trivial.
 SYNTHETIC_SEPARATION = 0.45
 #: The labelled reference: the first items, a fixed number, so labelling stays linear in N.

@@ -30,32 +30,37 @@ def predict_reference(ctx: PredictContext, *, batch_size: int = 1024) -> pa.Tabl
     index = ctx.index
     loader = ctx.loader(style="iterable", batch_size=batch_size, shuffle=False, num_workers=0)
     ids: list[pa.Array] = []
-    preds: list[np.ndarray] = []
-    scores: list[np.ndarray] = []
     statuses: list[pa.Array] = []
+    # Results go into arrays allocated once: a small array kept per batch, between the batch's
+    # large temporaries, fragments the C heap so it never shrinks (measured at 10^7 items:
+    # 6.5 GB resident for ~0.5 GB of results, growing with every batch).
+    cap = len(index)
+    classify = spec.task == "classification"
+    preds = np.empty(cap, dtype=np.int64 if classify else np.float64)
+    scores = np.empty(cap if classify else 0, dtype=np.float32)
+    n = 0
     for batch in loader:
         out = model(to_features(batch, spec))
         ids.append(pa.array(batch[index.id_field], pa.string()))
         if index.is_result:
             statuses.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
-        if spec.task == "classification":
-            prob = torch.softmax(out, dim=1)
-            score, k = prob.max(dim=1)
-            preds.append(k.numpy())
-            scores.append(score.numpy().astype(np.float32))
+        rows = out.shape[0]
+        if classify:
+            score, k = torch.softmax(out, dim=1).max(dim=1)
+            preds[n : n + rows] = k.numpy()
+            scores[n : n + rows] = score.numpy()
         else:
             value = out.squeeze(1).double() * spec.target_std + spec.target_mean
-            preds.append(value.numpy())
-    n = sum(len(a) for a in ids)
+            preds[n : n + rows] = value.numpy()
+        n += rows
     columns: dict[str, pa.Array] = {
         index.id_field: pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     }
-    if spec.task == "classification":
-        k = np.concatenate(preds) if preds else np.zeros(0, np.int64)
-        columns["prediction"] = pa.array(spec.classes).take(pa.array(k, pa.int64()))
-        columns["score"] = pa.array(np.concatenate(scores) if scores else [], pa.float32())
+    if classify:
+        columns["prediction"] = pa.array(spec.classes).take(pa.array(preds[:n]))
+        columns["score"] = pa.array(scores[:n], pa.float32())
     else:
-        columns["prediction"] = pa.array(np.concatenate(preds) if preds else [], pa.float64())
+        columns["prediction"] = pa.array(preds[:n], pa.float64())
     if index.is_result:
         columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
     # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64 (a
