@@ -53,6 +53,7 @@ ui: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/verify.py
 	$(BIN)/python bench/loader.py
+	$(BIN)/python bench/chain.py
 
 clean:
 	rm -rf .lithi dagster_home/storage dagster_home/history dagster_home/schedules dagster_home/logs

@@ -122,10 +122,11 @@ def test_digest_mismatch_during_download_keeps_nothing_of_that_file(tmp_path, bu
     names = [o.name for o in store.objects_dir.iterdir()]
     assert bad.sha256 not in names and not [n for n in names if n.startswith(".")]
     assert list(store.bundles_dir.iterdir()) == []  # no view of a bundle that failed
-    # the parts that did arrive intact are verified objects, reused by the next try
-    arrived = {e.sha256: e for e in bundle.manifest.parts[:3]}
-    assert sorted(names) == sorted(arrived)
-    assert all(store.trusted(store.object_path(h), e) for h, e in arrived.items())
+    # the parts that did arrive intact are verified objects, reused by the next try (files
+    # download in parallel, so a part after the bad one may have arrived too)
+    entries = {e.sha256: e for e in bundle.manifest.parts}
+    assert {e.sha256 for e in bundle.manifest.parts[:3]} <= set(names) <= set(entries)
+    assert all(store.trusted(store.object_path(h), entries[h]) for h in names)
 
 
 def test_a_tampered_cache_object_is_re_checked_and_replaced(tmp_path, bundle):

@@ -109,6 +109,15 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_buffers(buffers: Iterable[bytes | memoryview]) -> str:
+    """The sha256 of the buffers concatenated, without concatenating them (no copy: a digest
+    over ten million ids would otherwise hold two more copies of them)."""
+    h = hashlib.sha256()
+    for b in buffers:
+        h.update(b)
+    return h.hexdigest()
+
+
 def sha256sum_text(entries: Iterable[tuple[str, str]]) -> str:
     """The text ``sha256sum`` prints for ``(sha256, relative path)`` pairs, in the given order."""
     return "".join(f"{digest}  {path}\n" for digest, path in entries)

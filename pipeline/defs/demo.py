@@ -47,13 +47,20 @@ def submit_sample_job(
     compute_root: Path | None = None,
     job_id: str | None = None,
     executor: str = "subprocess",
+    items: int | None = None,
 ) -> tuple[str, LocalCompute]:
     """Stage a sample's input and reference bundles and submit a labelling job over them.
 
     The bundles are staged under ``home/inputs``; the job runs on the local Compute at
-    ``compute_root`` (default ``home/compute``).
+    ``compute_root`` (default ``home/compute``). The synthetic sample (``items`` of them) is
+    labelled by the centroid labeller, whose cost is linear in the items, in large parts.
     """
-    inp, ref = samples.stage_sample(sample, home / "inputs")
+    inp, ref = samples.stage_sample(sample, home / "inputs", items=items)
+    scale = (
+        {"labeller": "centroid", "rows_per_part": samples.SYNTHETIC_ROWS_PER_PART}
+        if sample == samples.SYNTHETIC
+        else {}
+    )
     compute = LocalCompute(compute_root or home / "compute", executor)  # type: ignore[arg-type]
     job_id = job_id or f"{sample}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     compute.submit(
@@ -63,6 +70,7 @@ def submit_sample_job(
             job_id=job_id,
             idempotency_key=job_id,
             faults=faults,
+            **scale,
         )
     )
     return job_id, compute
@@ -176,6 +184,8 @@ def truth_accuracy(sample: str, predictions_path: str) -> tuple[float, int]:
     The kNN labeller saw the reference items' true labels, so only the other items measure
     what the whole loop (Compute labels, then training on them) got right.
     """
+    if sample == samples.SYNTHETIC:
+        return samples.synthetic_truth_accuracy(pq.read_table(predictions_path))
     s = samples.load(sample)
     table = pq.read_table(predictions_path).join(s.truth, s.id_field)
     held = pc.invert(pc.is_in(table[s.id_field], value_set=s.reference[s.id_field]))
@@ -301,9 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sample",
         default="digits",
-        choices=sorted(samples.SAMPLES),
-        help="data set to label and train on: digits (1,797 8x8 images, one 64-float vector) "
-        "or wine (178 rows, 13 scalar columns) (default: %(default)s)",
+        choices=sorted(samples.SAMPLE_NAMES),
+        help="data set to label and train on: digits (1,797 8x8 images, one 64-float vector), "
+        "wine (178 rows, 13 scalar columns) or synthetic (--items N, a 64-float embedding in "
+        "10 classes, generated and staged in batches) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--items",
+        type=_positive_int,
+        default=None,
+        help="how many items the synthetic sample has (only with --sample synthetic; "
+        "default 10000)",
     )
     p.add_argument(
         "--lose-fraction",
@@ -333,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds to wait for the chain to finish before giving up (default: %(default)s)",
     )
     args = p.parse_args(argv)
+    if args.items is not None and args.sample != samples.SYNTHETIC:
+        p.error(f"--items sizes the synthetic sample only; {args.sample} has a fixed size")
 
     t_start = time.monotonic()
     os.environ.setdefault("DAGSTER_HOME", str(REPO_ROOT / "dagster_home"))
@@ -348,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         home,
         FaultSpec(lose_fraction=args.lose_fraction, fail_item_fraction=args.fail_item_fraction),
         compute_root=settings.compute_root_path,
+        items=args.items,
     )
     print(
         f"submitted Compute job {job_id} over the {args.sample} sample ({args.lose_fraction:.0%} "
@@ -368,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "LITHI_TRAINER_CONFIG": (
             settings.trainer_config
             if "trainer_config" in settings.model_fields_set
-            else json.dumps({"features": samples.load(args.sample).features})
+            else json.dumps({"features": samples.sample_features(args.sample)})
         ),
     }
     log_path = home / "logs" / f"daemon-{job_id}.log"

@@ -1,4 +1,4 @@
-"""Sample data sets that ship inside scikit-learn (no download), shaped as Compute inputs.
+"""Sample data sets shaped as Compute inputs: two from scikit-learn (no download), one synthetic.
 
 Two differently shaped sets prove the chain takes ids and features from the manifest, not from
 code: ``digits`` (1,797 8x8 images, one ``fixed_size_list<float32,64>`` column, ids like
@@ -8,20 +8,24 @@ Each set has an input table (every item, no labels) and a labelled reference tab
 labeller. The reference is a deterministic subset of the same items (chosen by sha256 of the id,
 not by a seed), so the input is the whole data set as shipped; accuracy claims should be measured
 on the input items outside the reference, against ``Sample.truth``.
+
+``synthetic`` is for scale (tests, ``bench/chain.py``): any number of items, generated and staged
+one record batch at a time so ten million items never sit in memory (see :func:`stage_synthetic`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.bundle.digest import sha256_bytes
-from pipeline.bundle.stage import new_version_id, stage
+from pipeline.bundle.stage import ROW_GROUP_ROWS, new_version_id, stage
 from pipeline.bundle.verify import VerifiedSnapshot
 from resources.compute.labeller import REFERENCE_LABEL_COLUMN
 
@@ -98,13 +102,170 @@ def load(name: str) -> Sample:
         raise KeyError(f"no sample {name!r}; samples: {', '.join(SAMPLES)}") from None
 
 
+# -- synthetic: any number of items, never all in memory -----------------------------------------
+
+SYNTHETIC = "synthetic"
+SYNTHETIC_ID_FIELD = "item_id"
+SYNTHETIC_FEATURE = "embedding"
+SYNTHETIC_DIM = 64
+SYNTHETIC_CLASSES = 10
+#: Spread of the class centres (per coordinate) against unit noise: about 95% of the items lie
+#: nearer their own centre than any other, so the classes are learnable but not trivial.
+SYNTHETIC_SEPARATION = 0.45
+#: The labelled reference: the first items, a fixed number, so labelling stays linear in N.
+SYNTHETIC_REFERENCE_ITEMS = 4096
+#: Items generated (and held) at once; also the parts' row-group size.
+SYNTHETIC_BATCH = ROW_GROUP_ROWS
+#: Rows per part of the synthetic bundles: enough parts for two ranks from 10^5 items up.
+SYNTHETIC_ROWS_PER_PART = 65_536
+#: Every sample name the demo accepts.
+SAMPLE_NAMES = (*SAMPLES, SYNTHETIC)
+_ID_DIGITS = 10
+
+
+def synthetic_schema(*, labelled: bool = False) -> pa.Schema:
+    """``item_id`` string, ``embedding`` ``fixed_size_list<float32,64>`` (and ``label`` int64)."""
+    fields = [
+        pa.field(SYNTHETIC_ID_FIELD, pa.string(), nullable=False),
+        pa.field(SYNTHETIC_FEATURE, pa.list_(pa.float32(), SYNTHETIC_DIM), nullable=False),
+    ]
+    if labelled:
+        fields.append(pa.field(REFERENCE_LABEL_COLUMN, pa.int64(), nullable=False))
+    return pa.schema(fields)
+
+
+def synthetic_ids(start: int, stop: int) -> pa.Array:
+    """The ids of items ``start..stop-1``: ``syn-0000000042``, vectorised (no Python strings)."""
+    digits = pc.utf8_lpad(
+        pa.array(np.arange(start, stop, dtype=np.int64)).cast(pa.string()), _ID_DIGITS, "0"
+    )
+    return pc.binary_join_element_wise("syn-", digits, "")
+
+
+def _centres(seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, 0xC3])
+    return (rng.standard_normal((SYNTHETIC_CLASSES, SYNTHETIC_DIM)) * SYNTHETIC_SEPARATION).astype(
+        np.float32
+    )
+
+
+def synthetic_classes(start: int, stop: int, *, seed: int = 0) -> np.ndarray:
+    """The true class of items ``start..stop-1`` (any range), without generating embeddings.
+
+    Each batch of :data:`SYNTHETIC_BATCH` items has its own generators for classes and noise,
+    seeded by ``(seed, batch)``, so any item's class can be recomputed from its number alone.
+    """
+    out = []
+    for b in range(
+        start // SYNTHETIC_BATCH, (stop - 1) // SYNTHETIC_BATCH + 1 if stop > start else 0
+    ):
+        lo = b * SYNTHETIC_BATCH
+        cls = np.random.default_rng([seed, b, 1]).integers(0, SYNTHETIC_CLASSES, SYNTHETIC_BATCH)
+        out.append(cls[max(start, lo) - lo : min(stop, lo + SYNTHETIC_BATCH) - lo])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def synthetic_batches(
+    items: int, *, seed: int = 0, labelled: bool = False, stop: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Items ``0..items-1`` (or ``..stop-1``) as record batches, one batch in memory at a time.
+
+    Item ``i`` belongs to class ``synthetic_classes(i)``; its embedding is that class's centre
+    plus unit Gaussian noise, so the classes are learnable from the embedding alone.
+    """
+    centres = _centres(seed)
+    schema = synthetic_schema(labelled=labelled)
+    stop = items if stop is None else min(stop, items)
+    for lo in range(0, stop, SYNTHETIC_BATCH):
+        b, n = lo // SYNTHETIC_BATCH, min(SYNTHETIC_BATCH, stop - lo)
+        cls = synthetic_classes(lo, lo + n, seed=seed)
+        noise = np.random.default_rng([seed, b, 2]).standard_normal(
+            (SYNTHETIC_BATCH, SYNTHETIC_DIM), dtype=np.float32
+        )[:n]
+        emb = centres[cls] + noise
+        arrays = [
+            synthetic_ids(lo, lo + n),
+            pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), SYNTHETIC_DIM),
+        ]
+        if labelled:
+            arrays.append(pa.array(cls, type=pa.int64()))
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def stage_synthetic(
+    items: int,
+    root: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    rows_per_part: int = SYNTHETIC_ROWS_PER_PART,
+) -> tuple[VerifiedSnapshot, VerifiedSnapshot]:
+    """Stage ``items`` synthetic items, and their first ``SYNTHETIC_REFERENCE_ITEMS`` labelled.
+
+    The input streams from the generator into the staging writer batch by batch, so memory is
+    one batch however large ``items`` is. Returns ``(input, reference)`` verified snapshots.
+    """
+    if items < 1:
+        raise ValueError(f"items must be >= 1, got {items}")
+    root = Path(root)
+    out = []
+    for labelled, stop in ((False, None), (True, SYNTHETIC_REFERENCE_ITEMS)):
+        version = new_version_id("input")
+        out.append(
+            stage(
+                synthetic_batches(items, seed=seed, labelled=labelled, stop=stop),
+                root / version,
+                schema=synthetic_schema(labelled=labelled),
+                id_field=SYNTHETIC_ID_FIELD,
+                kind="input",
+                rows_per_part=rows_per_part,
+                version_id=version,
+            )
+        )
+    return out[0], out[1]
+
+
+def synthetic_truth_accuracy(table: pa.Table, *, seed: int = 0) -> tuple[float, int]:
+    """Accuracy of ``table``'s ``prediction`` column against the true classes, for the items
+    outside the labelled reference (which the labeller saw); also how many items that is."""
+    numbers = pc.utf8_slice_codeunits(table[SYNTHETIC_ID_FIELD], 4).cast(pa.int64()).to_numpy()
+    held = numbers >= SYNTHETIC_REFERENCE_ITEMS
+    if not held.any():
+        return float("nan"), 0
+    numbers = numbers[held]
+    predicted = table["prediction"].to_numpy(zero_copy_only=False)[held]
+    right = 0
+    order = np.argsort(numbers)
+    for lo in range(0, len(order), SYNTHETIC_BATCH * 16):  # bounded memory for the truth
+        idx = order[lo : lo + SYNTHETIC_BATCH * 16]
+        first, last = int(numbers[idx[0]]), int(numbers[idx[-1]]) + 1
+        truth = synthetic_classes(first, last, seed=seed)
+        right += int((truth[numbers[idx] - first] == predicted[idx]).sum())
+    return right / len(numbers), len(numbers)
+
+
+def sample_features(name: str) -> list[str]:
+    """The feature columns of sample ``name`` (what the demo trains on by default)."""
+    if name == SYNTHETIC:
+        return [SYNTHETIC_FEATURE]
+    return load(name).features
+
+
 def stage_sample(
-    name: str, root: str | os.PathLike[str], *, rows_per_part: int = 256
+    name: str,
+    root: str | os.PathLike[str],
+    *,
+    rows_per_part: int = 256,
+    items: int | None = None,
 ) -> tuple[VerifiedSnapshot, VerifiedSnapshot]:
     """Stage sample ``name``'s input and reference as kind "input" bundles under ``root``.
 
     Each lands in ``root/<version_id>``; returns ``(input, reference)`` verified snapshots.
+    ``items`` sizes the synthetic sample (and is refused for the others, whose size is fixed).
     """
+    if name == SYNTHETIC:
+        return stage_synthetic(items or 10_000, root)
+    if items is not None:
+        raise ValueError(f"sample {name!r} has a fixed size; only {SYNTHETIC!r} takes items")
     s = load(name)
     root = Path(root)
     out = []

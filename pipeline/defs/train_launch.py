@@ -57,6 +57,17 @@ def _init_process_group() -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
 
 
+def _launched_by_dagster() -> bool:
+    """Whether Dagster Pipes launched this process (its context is in the environment).
+
+    Launched by hand or by a cluster scheduler (the other nodes of a multi-node run), opening
+    Pipes would return a no-op mock that swallows rank 0's log lines; rank 0 logs to stderr then.
+    """
+    from dagster_pipes import PipesEnvVarParamsLoader
+
+    return PipesEnvVarParamsLoader().is_dagster_pipes_process()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Initialise the process group from torchrun's environment, train, and report from rank 0."""
     p = argparse.ArgumentParser(prog="pipeline.defs.train_launch")
@@ -75,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     with contextlib.ExitStack() as stack:
         pipes = None
-        if rank == 0:
+        if rank == 0 and _launched_by_dagster():
             from dagster_pipes import open_dagster_pipes
 
             pipes = stack.enter_context(open_dagster_pipes())
@@ -93,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.bundle}: the index rebuilt on rank {rank} is {index.digest}, the step "
                 f"was handed {args.index_sha256}"
             )
+        log(f"rank {rank} of {world}: index {index.digest[:12]} verified")
         # What every rank hashed to verify its input, summed: the cost of the launch itself.
         hashed = torch.tensor([file_bytes_hashed()], dtype=torch.int64)
         dist.all_reduce(hashed)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import atomic_write_bytes
-from pipeline.bundle.digest import sha256_bytes
+from pipeline.bundle.digest import sha256_buffers, sha256_bytes
 from pipeline.bundle.errors import BundleError, RowCountMismatch
 from pipeline.bundle.manifest import Manifest, Schema
 from pipeline.bundle.verify import VerifiedSnapshot, require_verified, verify
@@ -40,8 +40,8 @@ def _ids_sha256(ids: pa.StringArray) -> str:
     ids = pa.concat_arrays([ids]) if ids.offset else ids  # a fresh array starts at offset 0
     offsets = np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids) + 1)
     values = ids.buffers()[2]
-    data = b"" if values is None else values.to_pybytes()[offsets[0] : offsets[-1]]
-    return sha256_bytes((offsets - offsets[0]).astype("<i8").tobytes() + data)
+    data = memoryview(b"" if values is None else values)[offsets[0] : offsets[-1]]
+    return sha256_buffers([(offsets - offsets[0]).astype("<i8"), data])
 
 
 @dataclass(frozen=True, eq=False)

@@ -233,8 +233,10 @@ def fit_spec(
         y, has_y = labels(batch, label)
         keep = rows & has_y
         if task == "classification":
-            values = y if isinstance(y, list) else y.tolist()
-            classes.update(v for v, k in zip(values, keep.tolist(), strict=True) if k)
+            if isinstance(y, list):  # string labels: Python values by nature
+                classes.update(v for v, k in zip(y, keep.tolist(), strict=True) if k)
+            else:  # a handful of distinct values per batch, found without a Python loop
+                classes.update(torch.unique(y[keep]).tolist())
         else:
             yv = y.to(torch.float64)[keep]
             target += torch.stack([keep.sum().to(torch.float64), yv.sum(), (yv * yv).sum()])
@@ -284,11 +286,16 @@ def to_features(batch: dict, spec: FeatureSpec) -> torch.Tensor:
 def class_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """Class indices of the label and a mask of rows whose label is a known class."""
     raw, valid = labels(batch, spec.label)
-    lookup = {c: i for i, c in enumerate(spec.classes)}
-    values = raw if isinstance(raw, list) else raw.tolist()
-    idx = [lookup.get(v, -1) for v in values]
-    index = torch.tensor(idx, dtype=torch.int64)
-    return index.clamp(min=0), valid & (index >= 0)
+    if isinstance(raw, list) or not spec.classes or isinstance(spec.classes[0], str):
+        lookup = {c: i for i, c in enumerate(spec.classes)}
+        values = raw if isinstance(raw, list) else raw.tolist()
+        index = torch.tensor([lookup.get(v, -1) for v in values], dtype=torch.int64)
+        return index.clamp(min=0), valid & (index >= 0)
+    # Integer classes are sorted (fit_spec sorts them): a binary search per row, vectorised.
+    known = torch.tensor(spec.classes, dtype=torch.int64)
+    values = raw.to(torch.int64)
+    index = torch.searchsorted(known, values).clamp(max=len(known) - 1)
+    return index, valid & (known[index] == values)
 
 
 def regression_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:

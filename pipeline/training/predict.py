@@ -1,7 +1,10 @@
 """The reference trainer's predictions: one row per item, keyed by the same id.
 
 Failed and abstained items are predicted too, so the table accounts for the whole manifest;
-their ``lithi_status`` travels beside the prediction so a reader can tell them apart.
+their ``lithi_status`` travels beside the prediction so a reader can tell them apart. Items are
+read with the iterable reader, in part order: its memory is one row group, where the map-style
+reader keeps every decoded part it touched (the whole bundle, for a full pass). Columns stay
+Arrow and numpy end to end; no per-item Python object is made.
 """
 
 from __future__ import annotations
@@ -25,35 +28,44 @@ def predict_reference(ctx: PredictContext, *, batch_size: int = 1024) -> pa.Tabl
     """
     model, spec = load_checkpoint(ctx.checkpoint_dir / CHECKPOINT)
     index = ctx.index
-    loader = ctx.loader(style="map", batch_size=batch_size, shuffle=False, num_workers=0)
+    loader = ctx.loader(style="iterable", batch_size=batch_size, shuffle=False, num_workers=0)
     ids: list[pa.Array] = []
-    preds: list[np.ndarray] = []
-    scores: list[np.ndarray] = []
     statuses: list[pa.Array] = []
+    # Results go into arrays allocated once: a small array kept per batch, between the batch's
+    # large temporaries, fragments the C heap so it never shrinks (measured at 10^7 items:
+    # 6.5 GB resident for ~0.5 GB of results, growing with every batch).
+    cap = len(index)
+    classify = spec.task == "classification"
+    preds = np.empty(cap, dtype=np.int64 if classify else np.float64)
+    scores = np.empty(cap if classify else 0, dtype=np.float32)
+    n = 0
     for batch in loader:
         out = model(to_features(batch, spec))
         ids.append(pa.array(batch[index.id_field], pa.string()))
         if index.is_result:
             statuses.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
-        if spec.task == "classification":
-            prob = torch.softmax(out, dim=1)
-            score, k = prob.max(dim=1)
-            preds.append(k.numpy())
-            scores.append(score.numpy().astype(np.float32))
+        rows = out.shape[0]
+        if classify:
+            score, k = torch.softmax(out, dim=1).max(dim=1)
+            preds[n : n + rows] = k.numpy()
+            scores[n : n + rows] = score.numpy()
         else:
             value = out.squeeze(1).double() * spec.target_std + spec.target_mean
-            preds.append(value.numpy())
-    n = sum(len(a) for a in ids)
+            preds[n : n + rows] = value.numpy()
+        n += rows
     columns: dict[str, pa.Array] = {
         index.id_field: pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     }
-    if spec.task == "classification":
-        k = np.concatenate(preds) if preds else np.zeros(0, np.int64)
-        columns["prediction"] = pa.array([spec.classes[i] for i in k.tolist()])
-        columns["score"] = pa.array(np.concatenate(scores) if scores else [], pa.float32())
+    if classify:
+        columns["prediction"] = pa.array(spec.classes).take(pa.array(preds[:n]))
+        columns["score"] = pa.array(scores[:n], pa.float32())
     else:
-        columns["prediction"] = pa.array(np.concatenate(preds) if preds else [], pa.float64())
+        columns["prediction"] = pa.array(preds[:n], pa.float64())
     if index.is_result:
         columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
-    columns["checkpoint_sha256"] = pa.array([ctx.checkpoint_sha256] * n, pa.string())
+    # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64 (a
+    # staged bundle declares it string; Parquet stores it dictionary-encoded either way).
+    columns["checkpoint_sha256"] = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int8)), pa.array([ctx.checkpoint_sha256], pa.string())
+    )
     return pa.table(columns)

@@ -65,7 +65,8 @@ class JobSpec(BaseModel):
     """One job: label the items of a staged input bundle against a labelled reference bundle.
 
     ``idempotency_key`` makes submission safe to retry: the same key always names the same job.
-    ``k`` and ``abstain_margin`` parametrise the kNN labeller; ``rows_per_part`` the result parts.
+    ``labeller`` chooses the method (``knn``, or ``centroid``, whose cost is linear in the
+    items); ``k`` and ``abstain_margin`` parametrise it; ``rows_per_part`` sizes the result parts.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -76,6 +77,7 @@ class JobSpec(BaseModel):
     job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
     idempotency_key: str | None = Field(default=None, min_length=1)
     faults: FaultSpec = FaultSpec()
+    labeller: Literal["knn", "centroid"] = "knn"
     k: int = Field(default=7, ge=1)
     abstain_margin: float = Field(default=0.3, ge=0.0, le=1.0)
     rows_per_part: int = Field(default=256, ge=1)

@@ -23,13 +23,13 @@ import pyarrow.parquet as pq
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import BundleExists
 from pipeline.bundle.manifest import InputRef, JobInfo
-from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.stage import ROW_GROUP_ROWS, ReusedPart, stage
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.bundle_store import BundleStore
 from resources.compute.client import FINAL_STATES, ComputeError, check_job_id, utc_now
 from resources.compute.faults import failed_items, lost_blocks, lost_items
 from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore
-from resources.compute.labeller import label_table
+from resources.compute.labeller import make_labeller
 from resources.credentials import CredentialRegistry
 
 
@@ -119,6 +119,39 @@ def result_schema(input_schema: pa.Schema, id_field: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+def _streams(spec, from_version_id: str | None) -> bool:
+    """Whether an attempt can label its input batch by batch: no fault needs the whole id set.
+
+    Lost and failed items are chosen by ranking every id (a global choice), and a resubmission
+    filters by the parent's outstanding ids; anything else streams, so memory stays one batch.
+    """
+    f = spec.faults
+    return (
+        from_version_id is None
+        and f.lose_fraction == 0
+        and f.lose_parts == 0
+        and f.fail_item_fraction == 0
+    )
+
+
+def _result_table(computed: pa.Table, labels, schema: pa.Schema) -> pa.Table:
+    arrow = labels.to_arrow()
+    columns = [computed.column(f.name) for f in schema if f.name in computed.column_names]
+    columns += [arrow[n] for n in schema.names[len(columns) :]]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _labelled_batches(snap: VerifiedSnapshot, labeller, schema: pa.Schema):
+    """The input's parts read a row group at a time, labelled, as result record batches."""
+    in_schema = snap.manifest.schema_.to_arrow()
+    for path in snap.part_paths():
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+            table = pa.Table.from_batches([rb])
+            if not table.schema.equals(in_schema):  # a cast copies every column: only if needed
+                table = table.cast(in_schema)
+            yield from _result_table(table, labeller(table), schema).to_batches()
+
+
 def _compute(root: Path, rec: JobRecord, att: AttemptRecord) -> Outcome:
     spec = rec.spec
     bundles = BundleStore(root / "cache", CredentialRegistry(rec.credential_env))
@@ -127,8 +160,62 @@ def _compute(root: Path, rec: JobRecord, att: AttemptRecord) -> Outcome:
     fetched_ref = bundles.fetch(spec.reference_url, credential_ref=spec.credential_ref)
     ref = verify(fetched_ref.path, trusted=bundles.trusted)
     id_field = inp.manifest.item_id_field
-    table = _read_table(inp)
+    input_schema = inp.manifest.schema_.to_arrow()
+    labeller = make_labeller(
+        input_schema,
+        _read_table(ref),
+        id_field=id_field,
+        reference_id_field=ref.manifest.item_id_field,
+        method=spec.labeller,
+        k=spec.k,
+        abstain_margin=spec.abstain_margin,
+    )
+    schema = result_schema(input_schema, id_field)
+    parent_id = att.from_version_id
+    reuse: list[ReusedPart] = []
+    if _streams(spec, parent_id):
+        data = _labelled_batches(inp, labeller, schema)
+        items, lost, outstanding_ids = inp.manifest.counts.items, set(), []
+    else:
+        data, items, lost, outstanding_ids, reuse = _compute_in_memory(
+            root, rec, att, inp, labeller, schema
+        )
 
+    status = "PARTIAL" if outstanding_ids else "SUCCEEDED"
+    version = version_id_for(rec, att)
+    dest = results_dir(root, rec.job_id) / version
+    try:
+        stage(
+            data,
+            dest,
+            schema=schema,
+            id_field=id_field,
+            kind="result",
+            rows_per_part=spec.rows_per_part,
+            job=JobInfo(
+                job_id=rec.job_id, status=status, attempt=att.number, parent_version_id=parent_id
+            ),
+            input=InputRef(
+                version_id=inp.identity.version_id,
+                content_sha256=inp.identity.content_sha256,
+                credential_ref=spec.credential_ref,
+            ),
+            outstanding_ids=outstanding_ids or None,
+            reuse_parts=reuse,
+            version_id=version,
+        )
+    except BundleExists:
+        verify(dest)  # published by an earlier run of this attempt that crashed before recording
+    return Outcome(version, status, items, len(lost), len(outstanding_ids))
+
+
+def _compute_in_memory(
+    root: Path, rec: JobRecord, att: AttemptRecord, inp: VerifiedSnapshot, labeller, schema
+) -> tuple[pa.Table, int, set[str], list[str], list[ReusedPart]]:
+    """Label an attempt whose faults or parent need the whole id set at once (see _streams)."""
+    spec = rec.spec
+    id_field = inp.manifest.item_id_field
+    table = _read_table(inp)
     reuse: list[ReusedPart] = []
     parent_id = att.from_version_id
     if parent_id is None:
@@ -164,50 +251,14 @@ def _compute(root: Path, rec: JobRecord, att: AttemptRecord) -> Outcome:
         lost = lost_items(ids, faults.resubmit_lose_fraction, att.number)
     keep_mask = pa.array([i not in lost for i in ids], type=pa.bool_())
     computed = todo.filter(keep_mask)
-    labels = label_table(
-        computed,
-        _read_table(ref),
-        id_field=id_field,
-        reference_id_field=ref.manifest.item_id_field,
-        k=spec.k,
-        abstain_margin=spec.abstain_margin,
-    )
+    labels = labeller(computed)
     broken = failed_items(computed.column(id_field).to_pylist(), faults.fail_item_fraction)
     if broken:
         mask = np.array([i in broken for i in computed.column(id_field).to_pylist()], dtype=bool)
         labels = labels.with_failures(mask)
-    labels = labels.to_arrow()
-    schema = result_schema(inp.manifest.schema_.to_arrow(), id_field)
-    columns = [computed.column(f.name) for f in schema if f.name in computed.column_names]
-    columns += [labels[n] for n in schema.names[len(columns) :]]
-    result = pa.Table.from_arrays(columns, schema=schema)
-
+    result = _result_table(computed, labels, schema)
     outstanding_ids = [i for i in ids if i in lost]
-    status = "PARTIAL" if outstanding_ids else "SUCCEEDED"
-    version = version_id_for(rec, att)
-    dest = results_dir(root, rec.job_id) / version
-    try:
-        stage(
-            result,
-            dest,
-            id_field=id_field,
-            kind="result",
-            rows_per_part=spec.rows_per_part,
-            job=JobInfo(
-                job_id=rec.job_id, status=status, attempt=att.number, parent_version_id=parent_id
-            ),
-            input=InputRef(
-                version_id=inp.identity.version_id,
-                content_sha256=inp.identity.content_sha256,
-                credential_ref=spec.credential_ref,
-            ),
-            outstanding_ids=outstanding_ids or None,
-            reuse_parts=reuse,
-            version_id=version,
-        )
-    except BundleExists:
-        verify(dest)  # published by an earlier run of this attempt that crashed before recording
-    return Outcome(version, status, len(ids), len(lost), len(outstanding_ids))
+    return result, len(ids), lost, outstanding_ids, reuse
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,531 @@
+"""The whole chain at scale, step by step, each step beside its physical limit measured in the run.
+
+For every ``--items N`` it stages the synthetic sample (``pipeline.defs.samples``), labels it on
+the local Compute (the linear-cost centroid labeller), then materializes each chain asset in turn
+on a persisted SQLite instance, once per ``--world-sizes`` value (1: training in the step's
+process; 2: two real torchrun ranks through Dagster Pipes, as the chain does it). Every step runs
+in a fresh child process, so its peak RSS is its own (``ru_maxrss`` of the child, and of its
+children: the torchrun ranks); bytes hashed come from ``file_bytes_hashed()`` in that process
+(plus what the torchrun ranks report through Pipes).
+
+Limits are rates measured in this same run, on this same bundle, after the steps (page cache
+warm, as the steps found it):
+
+* ``sha256``: the project's parallel file hashing (two threads here) over the result parts;
+* ``decode``: ``pq.read_table`` of every column of the result parts, and of the id column alone;
+* ``write``: ``pq.write_table`` of the result rows (the staging writer's codec and row groups);
+* ``loader``: one pass of the map-style reader with the training batch size and no model.
+
+A step's limit is the time those would take for the work the step must do (e.g. verify: hash
+every byte + decode the ids). ``x limit`` is wall / limit (1.0 = at the limit). With several
+``--items`` values each step's exponent is the slope of log(wall) against log(items).
+
+    .venv/bin/python bench/chain.py [--items 20000 ...] [--world-sizes 1 2] [--epochs 1]
+
+Results print as a table and go to ``bench/out/chain-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+OUT = ROOT / "bench" / "out"
+STEPS = (
+    "result_manifest",
+    "verified_snapshot",
+    "disjoint_index",
+    "training_run",
+    "prediction_table",
+    "output_bundle",
+)
+#: Limits are rates, measured by every step's own process right after the step (same load, same
+#: page cache) on at most this many rows of the bundle it worked on.
+LIMIT_SAMPLE_ROWS = 1 << 18
+DAGSTER_YAML = "telemetry:\n  enabled: false\n"
+
+
+# -- children: one step each, reporting what it cost ---------------------------------------------
+
+
+class TreeMemory:
+    """Peak memory of this process and every descendant (torchrun ranks), sampled from /proc.
+
+    ``ru_maxrss`` cannot be used: Linux carries a parent's high-water mark into a forked child,
+    so a child of a large process reports the parent's peak. Each process's own peak
+    (``VmHWM``) is read while it lives, and ``RssAnon`` (heap, not file pages) is sampled every
+    50 ms: memory-mapped Parquet parts count in RSS as page cache the kernel can drop, so the
+    anonymous share is reported beside the total.
+    """
+
+    def __init__(self) -> None:
+        self.peak_rss = 0.0  # MiB: the largest VmHWM of any one process of the tree
+        self.peak_anon = 0.0  # MiB: the largest sampled RssAnon of any one process
+        self.peak_tree_anon = 0.0  # MiB: the largest sampled sum of RssAnon over the tree
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.sample()
+
+    def sample(self) -> None:
+        """Read the tree's memory once."""
+        tree_anon = 0.0
+        for pid in _tree(os.getpid()):
+            status = _status(pid)
+            self.peak_rss = max(self.peak_rss, status.get("VmHWM", 0.0))
+            anon = status.get("RssAnon", 0.0)
+            self.peak_anon = max(self.peak_anon, anon)
+            tree_anon += anon
+        self.peak_tree_anon = max(self.peak_tree_anon, tree_anon)
+
+
+def _status(pid: int) -> dict[str, float]:
+    """The ``kB`` fields of /proc/PID/status, in MiB (empty if the process is gone)."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                out[key] = int(value.split()[0]) / 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its living descendants, from the parent pid of every process in /proc."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                parents[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            except (OSError, ValueError):
+                continue
+    tree, frontier = [root], [root]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier]
+        tree += kids
+        frontier = kids
+    return tree
+
+
+def child_stage(work: Path, items: int) -> dict:
+    """Stage the synthetic input (and its bounded reference) under ``work/home``."""
+    from pipeline.bundle.digest import file_bytes_hashed
+    from pipeline.defs.samples import stage_synthetic
+
+    t = time.perf_counter()
+    inp, ref = stage_synthetic(items, work / "home" / "inputs")
+    wall = time.perf_counter() - t
+    staged = {"input": str(inp.root), "reference": str(ref.root)}
+    (work / "staged.json").write_text(json.dumps(staged))
+    return {
+        "wall": wall,
+        "hashed": file_bytes_hashed(),
+        "rows": items,
+        "bytes_written": inp.stats.bytes_total,
+        "input": str(inp.root),
+    }
+
+
+def child_label(work: Path, items: int) -> dict:
+    """Label the staged input on the local Compute (inline: this process is the worker)."""
+    from pipeline.bundle.digest import file_bytes_hashed
+    from pipeline.bundle.verify import verify
+    from pipeline.defs.samples import SYNTHETIC_ROWS_PER_PART
+    from resources.compute.client import JobSpec
+    from resources.compute.local import LocalCompute
+
+    home = work / "home"
+    staged = json.loads((work / "staged.json").read_text())
+    inp, ref = staged["input"], staged["reference"]
+    compute = LocalCompute(home / "compute", "inline")
+    before = file_bytes_hashed()
+    t = time.perf_counter()
+    job = compute.submit(
+        JobSpec(
+            input_url=str(inp),
+            reference_url=str(ref),
+            job_id="bench",
+            labeller="centroid",
+            rows_per_part=SYNTHETIC_ROWS_PER_PART,
+        )
+    )
+    status = compute.status(job)
+    wall = time.perf_counter() - t
+    if status.state != "SUCCEEDED":
+        raise SystemExit(f"labelling ended {status.state}: {status.message}")
+    result = Path(compute.manifest_url(job))
+    snap = verify(result, trusted=lambda *_: True)
+    staged = json.loads((work / "staged.json").read_text())
+    (work / "staged.json").write_text(json.dumps({**staged, "result": str(result)}))
+    return {
+        "wall": wall,
+        "hashed": file_bytes_hashed() - before,
+        "rows": items,
+        "bytes_written": snap.stats.bytes_total,
+        "result": str(result),
+        "job_id": job,
+    }
+
+
+def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int) -> dict:
+    """Materialize one chain asset on the persisted instance (upstream loaded by the IO manager)."""
+    import dagster as dg
+
+    from assets import CHAIN_ASSETS
+    from assets.training_run import TrainingConfig
+    from pipeline.bundle.digest import file_bytes_hashed
+    from tests.helpers.chain import chain_resources
+
+    home = work / "home"
+    dagster_home = work / f"dagster-ws{world}"
+    resources = chain_resources(
+        work / f"chain-ws{world}",
+        "bench",
+        compute_root=home / "compute",
+        world_size=world,
+        num_workers=0,
+    )
+    # The iterable reader: its memory is one row group per consumer; the map-style reader keeps
+    # every part its shuffled share touches decoded (the whole bundle at world size 1).
+    training = TrainingConfig(
+        epochs=epochs, batch_size=batch_size, features=["embedding"], reader="iterable"
+    )
+    config = dg.RunConfig(ops={"training_run": training} if step == "training_run" else {})
+    selection = ["compute_versions", step] if step == "result_manifest" else [step]
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        before = file_bytes_hashed()
+        t = time.perf_counter()
+        result = dg.materialize(
+            CHAIN_ASSETS,
+            selection=selection,
+            resources=resources,
+            run_config=config,
+            instance=instance,
+        )
+        wall = time.perf_counter() - t
+        if not result.success:
+            raise SystemExit(f"{step} failed")
+        step_times = _step_seconds(instance, result.run_id)
+    meta = {
+        k: getattr(v, "value", v)
+        for k, v in result.asset_materializations_for_node(step)[0].metadata.items()
+    }
+    out = {
+        "wall": wall,
+        "step_wall": step_times.get(step, wall),
+        "hashed": file_bytes_hashed() - before + int(meta.get("pipes/ranks_bytes_hashed", 0)),
+    }
+    if step == "training_run":
+        from pipeline.training.record import read_record
+
+        record = read_record(meta["record"])
+        out.update(
+            passes=record.passes,
+            holdout_accuracy=record.metrics.get("holdout_accuracy"),
+            reconciled=record.reconciliation.ok,
+        )
+    if step == "output_bundle":
+        out["bytes_written"] = meta.get("bundle/bytes") or 0
+    return out
+
+
+def _step_seconds(instance, run_id: str) -> dict[str, float]:
+    """Each step's own wall time, from its STEP_START and STEP_SUCCESS events."""
+    import dagster as dg
+
+    start, end = {}, {}
+    for e in instance.all_logs(run_id):
+        if e.dagster_event is None:
+            continue
+        kind = e.dagster_event.event_type
+        if kind == dg.DagsterEventType.STEP_START:
+            start[e.step_key] = e.timestamp
+        elif kind == dg.DagsterEventType.STEP_SUCCESS:
+            end[e.step_key] = e.timestamp
+    return {k: end[k] - start[k] for k in end if k in start}
+
+
+def run_child(args: list[str]) -> dict:
+    """Run ``bench/chain.py --child ...`` in a fresh process; its JSON plus its peak RSS."""
+    # One torch thread per process, as the chain's torchrun launch sets: on two cores shared with
+    # other work, torch's default (a thread per core) oversubscribes them (measured: one 10^6
+    # epoch took 107 s with the default, 14.6 s with one thread, under the same load).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_main(argv: list[str]) -> int:
+    """Entry point of a child: run one step, print one JSON line with its costs."""
+    p = argparse.ArgumentParser()
+    p.add_argument("what")
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--items", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1024)
+    a = p.parse_args(argv)
+    with TreeMemory() as mem:
+        if a.what == "stage":
+            out = child_stage(a.work, a.items)
+        elif a.what == "label":
+            out = child_label(a.work, a.items)
+        else:
+            out = child_asset(a.work, a.what, a.world, a.epochs, a.batch_size)
+    staged = json.loads((a.work / "staged.json").read_text())
+    bundle = staged["input"] if a.what == "stage" else staged["result"]
+    out["limits"] = measure_limits(Path(bundle), a.batch_size)
+    out.update(
+        peak_rss_mib=mem.peak_rss, peak_anon_mib=mem.peak_anon, tree_anon_mib=mem.peak_tree_anon
+    )
+    print(json.dumps(out))
+    return 0
+
+
+# -- limits: rates measured in the same run ------------------------------------------------------
+
+
+def measure_limits(result_root: Path, batch_size: int) -> dict[str, float]:
+    """sha256, decode and write rates over (a bounded prefix of) the result bundle's parts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.bundle.digest import cpu_count, sha256_files
+    from pipeline.bundle.verify import verify
+    from pipeline.readers.index import Index
+    from pipeline.readers.loader import make_loader
+
+    snap = verify(result_root)
+    paths, rows = [], 0
+    for entry, path in zip(snap.manifest.parts, snap.part_paths(), strict=True):
+        if rows >= LIMIT_SAMPLE_ROWS:
+            break
+        paths.append(path)
+        rows += entry.rows
+    nbytes = sum(p.stat().st_size for p in paths)
+    id_field = snap.manifest.item_id_field
+
+    def best(fn, repeat: int = 3) -> float:
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    sha = best(lambda: sha256_files(paths))
+    decode_all = best(lambda: [pq.read_table(p) for p in paths])
+    decode_ids = best(lambda: [pq.read_table(p, columns=[id_field]) for p in paths])
+    write = _write_seconds(pa.concat_tables(pq.read_table(p) for p in paths), best)
+    index = Index.from_snapshot(snap)
+    loader = make_loader(
+        index, style="iterable", batch_size=batch_size, num_workers=0, shuffle=True
+    )
+    t = time.perf_counter()
+    seen = 0
+    for batch in loader:
+        seen += len(batch[id_field])
+        if seen >= LIMIT_SAMPLE_ROWS:
+            break
+    load = time.perf_counter() - t
+    return {
+        "threads": cpu_count(),
+        "sha256_bytes_per_s": nbytes / sha,
+        "bytes_per_row": nbytes / rows,
+        "decode_rows_per_s": rows / decode_all,
+        "decode_id_rows_per_s": rows / decode_ids,
+        "write_rows_per_s": rows / write,
+        "loader_rows_per_s": seen / load,
+        "sample_rows": rows,
+    }
+
+
+def _write_seconds(table, best) -> float:
+    """Best time to write ``table`` as Parquet with the staging writer's row groups."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+        target = Path(tmp) / "w.parquet"
+        return best(lambda: pq.write_table(table, target, row_group_size=65_536))
+
+
+def limit_seconds(step: str, items: int, m: dict, lim: dict, input_bytes: int) -> float:
+    """The time the step's unavoidable work takes at the measured rates."""
+    hashed = m.get("hashed", 0)
+    sha = hashed / lim["sha256_bytes_per_s"]
+    ids = items / lim["decode_id_rows_per_s"]
+    rows = items / lim["decode_rows_per_s"]
+    write = items / lim["write_rows_per_s"]
+    if step == "stage":
+        return write + input_bytes / lim["sha256_bytes_per_s"]
+    if step == "label":
+        return rows + write + sha + m["bytes_written"] / lim["sha256_bytes_per_s"]
+    if step == "result_manifest":
+        return 0.0  # reads one JSON file: no data-sized work
+    if step == "verified_snapshot":
+        return sha + ids
+    if step == "disjoint_index":
+        return ids + sha
+    if step == "training_run":
+        return m["passes"] * items / lim["loader_rows_per_s"] + sha
+    if step == "prediction_table":
+        return rows + write
+    if step == "output_bundle":
+        return write + sha
+    raise KeyError(step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chain at each size and world size, print the table, save the JSON."""
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return child_main(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--items", type=int, nargs="+", default=[20_000], help="sizes (default 20000)")
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--epochs", type=int, default=1, help="training epochs (default 1)")
+    ap.add_argument("--batch-size", type=int, default=1024, help="training batch (default 1024)")
+    ap.add_argument("--keep", action="store_true", help="keep the bundles under bench/out")
+    args = ap.parse_args(argv)
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: dict = {"args": vars(args), "runs": []}
+    path = OUT / f"chain-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"
+    for items in args.items:
+        work = OUT / f"chain-{items}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        for ws in args.world_sizes:
+            (work / f"dagster-ws{ws}").mkdir()
+            (work / f"dagster-ws{ws}" / "dagster.yaml").write_text(DAGSTER_YAML)
+        common = ["--work", str(work), "--items", str(items)]
+        steps = {"stage": run_child(["stage", *common])}
+        print(
+            f"{items:,} items: staged in {steps['stage']['wall']:.1f}s", file=sys.stderr, flush=True
+        )
+        steps["label"] = run_child(["label", *common])
+        print(f"  labelled in {steps['label']['wall']:.1f}s", file=sys.stderr)
+        by_world = {}
+        for ws in args.world_sizes:
+            by_world[ws] = {}
+            for step in STEPS:
+                extra = ["--world", str(ws), "--epochs", str(args.epochs)]
+                extra += ["--batch-size", str(args.batch_size)]
+                by_world[ws][step] = run_child([step, *common, *extra])
+                print(
+                    f"  ws{ws} {step}: {by_world[ws][step]['step_wall']:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        results["runs"].append({"items": items, "steps": steps, "by_world": by_world})
+        path.write_text(json.dumps(results, indent=2))  # after every size: a long run keeps each
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print_table(results)
+    print(f"\nraw results: {path.relative_to(ROOT)}")
+    return 0
+
+
+def rows_for(results: dict):
+    """(items, world, step, measured, limit seconds) for every measured step."""
+    for run in results["runs"]:
+        items = run["items"]
+        input_bytes = run["steps"]["stage"]["bytes_written"]
+        for step in ("stage", "label"):
+            m = run["steps"][step]
+            yield items, "-", step, m, limit_seconds(step, items, m, m["limits"], input_bytes)
+        for ws, steps in run["by_world"].items():
+            for step, m in steps.items():
+                yield items, ws, step, m, limit_seconds(step, items, m, m["limits"], input_bytes)
+
+
+def exponents(results: dict) -> dict[tuple, float]:
+    """Slope of log(step wall) against log(items), per (world, step), over every size run."""
+    series: dict[tuple, list[tuple[float, float]]] = {}
+    for items, ws, step, m, _ in rows_for(results):
+        wall = m.get("step_wall", m["wall"])
+        if wall > 0:
+            series.setdefault((str(ws), step), []).append((math.log(items), math.log(wall)))
+    out = {}
+    for key, pts in series.items():
+        if len({x for x, _ in pts}) < 2:
+            continue
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        out[key] = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return out
+
+
+def print_table(results: dict) -> None:
+    """The per-step table (markdown), then the limits and the exponents."""
+    print(
+        "| items | ws | step | wall s | limit s | x limit | hashed MB | rows decoded "
+        "| peak RSS MiB | peak anon MiB |"
+    )
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for items, ws, step, m, lim_s in rows_for(results):
+        wall = m.get("step_wall", m["wall"])
+        ratio = f"{wall / lim_s:.2f}" if lim_s > 0 else "-"
+        decoded = _rows_decoded(step, items, m)
+        print(
+            f"| {items:,} | {ws} | {step} | {wall:.2f} | {lim_s:.2f} | {ratio} | "
+            f"{m.get('hashed', 0) / 1e6:.0f} | {decoded:,} | {m['peak_rss_mib']:.0f} | "
+            f"{m['peak_anon_mib']:.0f} |"
+        )
+    for run in results["runs"]:
+        lim = run["steps"]["label"]["limits"]
+        print(
+            f"\nlimits measured after labelling {run['items']:,} items "
+            f"({lim['sample_rows']:,} rows sampled; every step measures its own): sha256 x"
+            f"{lim['threads']} {lim['sha256_bytes_per_s'] / 1e6:.0f} MB/s; decode "
+            f"{lim['decode_rows_per_s'] / 1e6:.2f} M rows/s (ids only "
+            f"{lim['decode_id_rows_per_s'] / 1e6:.2f}); write {lim['write_rows_per_s'] / 1e6:.2f} "
+            f"M rows/s; loader {lim['loader_rows_per_s'] / 1e6:.2f} M rows/s"
+        )
+    exps = exponents(results)
+    if exps:
+        print("\nexponent of wall time against items (log-log slope):")
+        for (ws, step), e in sorted(exps.items()):
+            print(f"  ws {ws:>2} {step:<18} {e:.2f}")
+
+
+def _rows_decoded(step: str, items: int, m: dict) -> int:
+    """Rows the step must decode: ids for verify and index, every pass for training."""
+    if step in ("stage", "result_manifest"):
+        return 0
+    if step == "training_run":
+        return m["passes"] * items  # the fitting pass, the epochs, the evaluation
+    return items
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""bench/chain.py's own arithmetic and memory probe (no timing is asserted, ever)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def chain():
+    spec = importlib.util.spec_from_file_location("bench_chain", ROOT / "bench" / "chain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results(walls: dict[int, dict[str, float]]) -> dict:
+    limits = {
+        "sha256_bytes_per_s": 1e9,
+        "decode_rows_per_s": 1e6,
+        "decode_id_rows_per_s": 1e7,
+        "write_rows_per_s": 1e6,
+        "loader_rows_per_s": 1e6,
+    }
+    runs = []
+    for items, steps in walls.items():
+        step = {"wall": 1.0, "hashed": 0, "bytes_written": 0, "limits": limits}
+        by_world = {
+            1: {name: {**step, "step_wall": wall, "passes": 3} for name, wall in steps.items()}
+        }
+        runs.append({"items": items, "steps": {"stage": step, "label": step}, "by_world": by_world})
+    return {"runs": runs}
+
+
+def test_exponents_are_the_log_log_slopes(chain):
+    results = _results(
+        {
+            1_000: {"verified_snapshot": 0.01, "training_run": 0.001},
+            10_000: {"verified_snapshot": 0.1, "training_run": 0.1},
+            100_000: {"verified_snapshot": 1.0, "training_run": 10.0},
+        }
+    )
+    exps = chain.exponents(results)
+    assert exps[("1", "verified_snapshot")] == pytest.approx(1.0)
+    assert exps[("1", "training_run")] == pytest.approx(2.0)  # superlinear shows as 2
+
+
+def test_limits_count_the_work_each_step_must_do(chain):
+    lim = _results({1: {}})["runs"][0]["steps"]["stage"]["limits"]
+    m = {"hashed": 2e9, "passes": 3, "bytes_written": 0}
+    # verify: hash every byte, decode the ids
+    assert chain.limit_seconds("verified_snapshot", 10**6, m, lim, 0) == pytest.approx(2.1)
+    # training: every pass at the loader's own rate
+    assert chain.limit_seconds("training_run", 10**6, m, lim, 0) == pytest.approx(3 + 2)
+    assert chain.limit_seconds("result_manifest", 10**6, m, lim, 0) == 0
+
+
+def test_tree_memory_sees_a_child_process(chain):
+    """The probe reads each process of the tree: a child holding 200 MiB is seen."""
+    code = "import time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1)"
+    with chain.TreeMemory() as mem:
+        subprocess.run([sys.executable, "-c", code], check=True)
+    assert mem.peak_anon >= 190
+    assert mem.peak_rss >= mem.peak_anon
