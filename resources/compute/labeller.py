@@ -148,6 +148,30 @@ def _scale(ref_x: np.ndarray, widths: list[int]) -> tuple[np.ndarray, np.ndarray
     return centre, scale
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """The labelled reference, complete rows only, standardised; both labellers start here."""
+
+    centre: np.ndarray
+    scale: np.ndarray
+    z: np.ndarray  # [rows, features], standardised
+    idx: np.ndarray  # each row's class, as an index into ``classes``
+    classes: np.ndarray
+    centroids: np.ndarray  # [classes, features], standardised
+
+
+def _standardised_reference(ref_x: np.ndarray, ref_y: np.ndarray, widths: list[int]) -> _Reference:
+    ok = ~np.isnan(ref_x).any(axis=1)
+    ref_x, ref_y = ref_x[ok], np.asarray(ref_y)[ok]
+    if len(ref_y) == 0:
+        raise LabellerError("the reference holds no row with complete features and a label")
+    centre, scale = _scale(ref_x, widths)
+    z = (ref_x - centre) / scale
+    classes, idx = np.unique(ref_y, return_inverse=True)
+    centroids = np.stack([z[idx == c].mean(axis=0) for c in range(len(classes))])
+    return _Reference(centre, scale, z, idx, classes, centroids)
+
+
 def label_items(
     x: np.ndarray,
     ref_x: np.ndarray,
@@ -162,15 +186,10 @@ def label_items(
     Confidence is the vote margin (top count minus runner-up) / k; below ``abstain_margin`` the
     item abstains. Rows with any NaN feature fail. Ties in the vote go to the smallest label.
     """
-    ref_ok = ~np.isnan(ref_x).any(axis=1)
-    ref_x, ref_y = ref_x[ref_ok], np.asarray(ref_y)[ref_ok]
-    if len(ref_y) == 0:
-        raise LabellerError("the reference holds no row with complete features and a label")
-    centre, scale = _scale(ref_x, widths)
-    ref_z = (ref_x - centre) / scale
-    classes, ref_idx = np.unique(ref_y, return_inverse=True)
-    centroids = np.stack([ref_z[ref_idx == c].mean(axis=0) for c in range(len(classes))])
-    k = min(k, len(ref_y))
+    ref = _standardised_reference(ref_x, ref_y, widths)
+    ref_z, ref_idx, classes, centroids = ref.z, ref.idx, ref.classes, ref.centroids
+    centre, scale = ref.centre, ref.scale
+    k = min(k, len(ref_idx))
 
     n = len(x)
     status = np.full(n, "failed", dtype=object)
@@ -279,17 +298,12 @@ def fit_centroids(ref_x: np.ndarray, ref_y: np.ndarray, widths: list[int]) -> Ce
     The variance turns distances into the posterior of an isotropic Gaussian per class, so the
     confidence is a probability margin, comparable across data sets, not a raw distance.
     """
-    ok = ~np.isnan(ref_x).any(axis=1)
-    ref_x, ref_y = ref_x[ok], np.asarray(ref_y)[ok]
-    if len(ref_y) == 0:
-        raise LabellerError("the reference holds no row with complete features and a label")
-    centre, scale = _scale(ref_x, widths)
-    z = (ref_x - centre) / scale
-    classes, idx = np.unique(ref_y, return_inverse=True)
-    centroids = np.stack([z[idx == c].mean(axis=0) for c in range(len(classes))])
-    resid = z - centroids[idx]
-    variance = float((resid**2).mean()) if len(ref_y) > len(classes) else 1.0
-    return CentroidModel(centre, scale, classes, centroids, variance if variance > 0 else 1.0)
+    ref = _standardised_reference(ref_x, ref_y, widths)
+    resid = ref.z - ref.centroids[ref.idx]
+    variance = float((resid**2).mean()) if len(ref.idx) > len(ref.classes) else 1.0
+    return CentroidModel(
+        ref.centre, ref.scale, ref.classes, ref.centroids, variance if variance > 0 else 1.0
+    )
 
 
 def label_by_centroid(x: np.ndarray, model: CentroidModel, *, abstain_margin: float) -> Labels:
