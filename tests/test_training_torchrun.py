@@ -31,6 +31,8 @@ def test_training_through_torchrun_via_pipes_reconciles(tmp_path, labelled_sampl
     # Metadata reported from inside the torchrun process came back through the Pipes channel
     # (only what the step does not know itself: no second copy of the record's figures).
     assert {k for k in meta if k.startswith("pipes/")} == {"pipes/ranks_bytes_hashed"}
+    # Every rank verified the bundle with the cache's trust: no byte hashed a second time.
+    assert meta["pipes/ranks_bytes_hashed"].value == 0
     assert meta["world_size"].value == 2 and len(plain(meta["checkpoint_sha256"])) == 64
     record = read_record(meta["record"].value)
     assert record.world_size == 2
