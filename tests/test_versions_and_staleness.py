@@ -17,23 +17,11 @@ from assets import CHAIN_ASSETS, CHAIN_CHECKS
 from assets.compute_versions import KEY
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.jobs import RESUBMIT_JOB_NAME, chain_run_config
-from pipeline.defs.sensor import SENSOR_NAME
 from resources.compute.faults import FaultSpec
-from tests.helpers.chain import FAST_TRAINING, chain_resources, sample_job
+from tests.helpers.chain import FAST_TRAINING, chain_resources, sample_job, sensor_tick
 from tests.helpers.graphql import STALENESS, graphql_on, stale_status
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS][1:]  # the six materialized links
-
-
-def _tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None):
-    sensor = defs.resolve_sensor_def(SENSOR_NAME)
-    with dg.build_sensor_context(
-        instance=instance, cursor=cursor, definitions=defs, resources=defs.resources
-    ) as ctx:
-        result = sensor.evaluate_tick(ctx)
-    for event in result.asset_events:  # what the daemon stores from a tick
-        instance.report_runless_asset_event(event)
-    return result
 
 
 def _causes(query, asset: str) -> list[tuple[str, str]]:
@@ -55,7 +43,7 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
     resources = chain_resources(tmp_path, job, base_delay_seconds=0)
     defs = build_definitions(**resources)
     with dg.instance_for_test() as instance, graphql_on(instance) as query:
-        first = _tick(defs, instance, None)
+        first = sensor_tick(defs, instance, None)
         (partial_obs,) = first.asset_events
         v1 = partial_obs.metadata["version_id"].value
         assert partial_obs.metadata["status"].value == "PARTIAL"
@@ -73,7 +61,7 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
         assert resubmit.execute_in_process(
             run_config=request.run_config, instance=instance, resources=resources
         ).success
-        second = _tick(defs, instance, first.cursor)
+        second = sensor_tick(defs, instance, first.cursor)
         (done_obs,) = second.asset_events
         v2 = done_obs.metadata["version_id"].value
         meta = done_obs.metadata
@@ -109,4 +97,4 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
         records = instance.fetch_observations(KEY, limit=10).records
         versions = [r.asset_observation.metadata["version_id"].value for r in records]
         assert sorted(versions) == sorted([v1, v2])
-        assert _tick(defs, instance, second.cursor).asset_events == []
+        assert sensor_tick(defs, instance, second.cursor).asset_events == []
