@@ -22,13 +22,12 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.bundle.manifest import InputRef, JobInfo
-from pipeline.bundle.stage import stage
 from pipeline.readers.index import Index
 from pipeline.training import REFERENCE_TRAINER, hash_checkpoint, load_trainer, run_fit
 from pipeline.training.progress import COMMITTED, Progress, ProgressError
 from pipeline.training.runner import TrainSummary, progress_key
 from resources.settings import REPO_ROOT
+from tests.helpers.bundles import stage_result
 
 N = 400  # 13 batches of 32 per epoch: the fitting pass, then EPOCHS epochs of 13 steps
 BATCH = 32
@@ -53,15 +52,7 @@ def index(tmp_path_factory) -> Index:
             "lithi_verification": pa.array(["agree"] * N),
         }
     )
-    snap = stage(
-        table,
-        tmp_path_factory.mktemp("resume-fit") / "bundle",
-        id_field="id",
-        kind="result",
-        rows_per_part=150,
-        job=JobInfo(job_id="j", status="SUCCEEDED", attempt=1),
-        input=InputRef(version_id="in", content_sha256="0" * 64),
-    )
+    snap = stage_result(table, tmp_path_factory.mktemp("resume-fit") / "bundle", 150)
     return Index.from_snapshot(snap)
 
 

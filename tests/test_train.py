@@ -13,8 +13,6 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.bundle.manifest import InputRef, JobInfo
-from pipeline.bundle.stage import stage
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import keyed_coverage
 from pipeline.training import (
@@ -28,21 +26,13 @@ from pipeline.training import (
     run_fit,
 )
 from pipeline.training.features import holdout_mask
+from tests.helpers.bundles import stage_result
 
 N = 1009
 
 
 def _stage(tmp_path: Path, table: pa.Table, name: str = "bundle") -> Index:
-    snap = stage(
-        table,
-        tmp_path / name,
-        id_field="id",
-        kind="result",
-        rows_per_part=150,
-        job=JobInfo(job_id="j", status="SUCCEEDED", attempt=1),
-        input=InputRef(version_id="in", content_sha256="0" * 64),
-    )
-    return Index.from_snapshot(snap)
+    return Index.from_snapshot(stage_result(table, tmp_path / name, rows_per_part=150))
 
 
 def _table(rng: np.random.Generator, y: np.ndarray, x: np.ndarray) -> dict[str, pa.Array]:

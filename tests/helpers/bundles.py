@@ -65,11 +65,22 @@ def make_result(
     path: Path, n: int = 30, rows_per_part: int = 10, outstanding: list[str] | None = None
 ) -> VerifiedSnapshot:
     """Stage a result bundle; with ``outstanding`` ids it is PARTIAL."""
+    return stage_result(result_table(n), path, rows_per_part, outstanding)
+
+
+def stage_result(
+    table: pa.Table,
+    path: Path,
+    rows_per_part: int = 10,
+    outstanding: list[str] | None = None,
+    id_field: str = "id",
+) -> VerifiedSnapshot:
+    """Stage ``table`` (with its ``lithi_*`` columns) as a result bundle of job ``job-1``."""
     status = "PARTIAL" if outstanding else "SUCCEEDED"
     return stage(
-        result_table(n),
+        table,
         path,
-        id_field="id",
+        id_field=id_field,
         kind="result",
         rows_per_part=rows_per_part,
         job=JobInfo(job_id="job-1", status=status, attempt=1),
