@@ -47,27 +47,35 @@ ASSET_NODES = """
 }
 """
 
-LATEST_METADATA = """
+#: Every metadata entry kind the chain writes, as the UI reads it (see ``_value``).
+ENTRY = """
+fragment Entry on MetadataEntry {
+  label
+  ... on TextMetadataEntry { text }
+  ... on PathMetadataEntry { path }
+  ... on FloatMetadataEntry { floatValue }
+  ... on IntMetadataEntry { intValue }
+  ... on MarkdownMetadataEntry { mdStr }
+  ... on JsonMetadataEntry { jsonString }
+}
+"""
+
+LATEST_METADATA = (
+    """
 query ($path: [String!]!) {
   assetOrError(assetKey: {path: $path}) {
     ... on Asset {
       assetMaterializations(limit: 1) {
         runId
-        metadataEntries {
-          label
-          ... on TextMetadataEntry { text }
-          ... on PathMetadataEntry { path }
-          ... on FloatMetadataEntry { floatValue }
-          ... on IntMetadataEntry { intValue }
-          ... on MarkdownMetadataEntry { mdStr }
-          ... on JsonMetadataEntry { jsonString }
-        }
+        metadataEntries { ...Entry }
       }
     }
     ... on AssetNotFoundError { message }
   }
 }
 """
+    + ENTRY
+)
 
 RUNS_BY_TAG = """
 query ($key: String!, $value: String!) {
@@ -168,7 +176,8 @@ def test_the_run_carries_the_version_that_triggered_it(graphql, lineage_instance
     assert tags["lithi/trigger"] == "newer_manifest"
 
 
-HISTORY = """
+HISTORY = (
+    """
 query ($path: [String!]!) {
   assetOrError(assetKey: {path: $path}) {
     ... on Asset {
@@ -176,28 +185,18 @@ query ($path: [String!]!) {
         runId
         description
         tags { key value }
-        metadataEntries {
-          label
-          ... on TextMetadataEntry { text }
-          ... on IntMetadataEntry { intValue }
-          ... on MarkdownMetadataEntry { mdStr }
-        }
+        metadataEntries { ...Entry }
       }
       assetMaterializations(limit: 20) {
         runId
-        metadataEntries {
-          label
-          ... on TextMetadataEntry { text }
-          ... on PathMetadataEntry { path }
-          ... on FloatMetadataEntry { floatValue }
-          ... on IntMetadataEntry { intValue }
-          ... on MarkdownMetadataEntry { mdStr }
-        }
+        metadataEntries { ...Entry }
       }
     }
   }
 }
 """
+    + ENTRY
+)
 
 
 def _history(graphql: Query, asset: str, kind: str) -> list[dict[str, object]]:
