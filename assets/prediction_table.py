@@ -8,6 +8,7 @@ from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Schema
 from pipeline.readers.reconcile import keyed_coverage
+from pipeline.training.memory import bound_heap_growth
 from pipeline.training.record import TrainedModel
 from pipeline.training.trainer import PredictContext, TrainerError, load_trainer
 from resources.settings import ChainSettings
@@ -27,6 +28,7 @@ def prediction_table(
     index = training_run.index
     record = training_run.record
     trainer = load_trainer(record.trainer.path)
+    bound_heap_growth()  # a prediction pass over millions of items: see pipeline.training.memory
     table = trainer.predict(
         PredictContext(
             index=index,

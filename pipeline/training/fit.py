@@ -109,7 +109,7 @@ def fit_reference(ctx: FitContext) -> FitResult:
         style=config.reader, batch_size=config.batch_size, shuffle=True, seed=config.seed
     )
     batches = len(loader)  # this rank's batches per epoch (the same every epoch)
-    common = int(_all_min(batches, ctx.world_size))  # batches every rank still steps on
+    common = _all_min(batches, ctx.world_size)  # batches every rank still steps on
     resumed = ctx.progress.load()
     if resumed is None:
         spec = fit_spec(

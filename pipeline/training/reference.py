@@ -13,7 +13,6 @@ import importlib.metadata
 import pyarrow as pa
 
 from pipeline.training.fit import ReferenceConfig, fit_reference
-from pipeline.training.memory import bound_heap_growth
 from pipeline.training.predict import predict_reference
 from pipeline.training.trainer import FitContext, FitResult, PredictContext, Trainer
 
@@ -32,14 +31,9 @@ class ReferenceTrainer(Trainer):
     version = _project_version()
 
     def fit(self, ctx: FitContext) -> FitResult:
-        """Train the MLP and write ``model.pt`` (:func:`~pipeline.training.fit.fit_reference`).
-
-        Bounds the process's heap growth first (see :mod:`pipeline.training.memory`): a pass
-        over ten million items otherwise leaves gigabytes of fragmented heap behind."""
-        bound_heap_growth()
+        """Train the MLP and write ``model.pt`` (:func:`~pipeline.training.fit.fit_reference`)."""
         return fit_reference(ctx)
 
     def predict(self, ctx: PredictContext) -> pa.Table:
         """Predict every item; see :func:`~pipeline.training.predict.predict_reference`."""
-        bound_heap_growth()
         return predict_reference(ctx)

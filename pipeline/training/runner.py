@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
+from pipeline.training.memory import bound_heap_growth
 from pipeline.training.progress import Progress
 from pipeline.training.trainer import FeatureSet, FitContext, FitResult, Trainer, TrainerError
 
@@ -89,6 +90,9 @@ def run_fit(
     every ``checkpoint_every`` steps and resumes from the last one a killed fit left; the
     interrupted pass is then reconciled too, and the cuts are removed once ``fit`` returns.
     """
+    # Any trainer's pass over millions of items, and the pipeline's tally of every id beside it,
+    # would otherwise leave gigabytes of fragmented heap behind (see pipeline.training.memory).
+    bound_heap_growth()
     progress = Progress(progress_dir, rank=rank, world_size=world_size, every=checkpoint_every)
     ctx = FitContext(
         index=index,
