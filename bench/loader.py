@@ -45,6 +45,7 @@ from pipeline.readers import MapDataset, OwnerSampler, collate_batches  # noqa: 
 from pipeline.readers.index import Index  # noqa: E402
 from pipeline.readers.loader import (  # noqa: E402
     ReaderLoader,
+    _cut,
     auto_transfer,
     make_loader,
     set_epoch,
@@ -140,16 +141,7 @@ def bare_rate(loader: ReaderLoader) -> float:
     for item in loader.loader:
         wire = item[1] if isinstance(item, tuple) else item
         big = wire_to_batch(wire)
-        n = len(big["item_id"])
-        for start in range(0, n, BATCH):
-            b = {
-                k: (
-                    v.narrow(0, start, min(BATCH, n - start))
-                    if hasattr(v, "narrow")
-                    else v[start : start + BATCH]
-                )
-                for k, v in big.items()
-            }
+        for b in _cut(big, BATCH, len(big["item_id"])):
             rows += len(b["item_id"])
     return rows / (time.perf_counter() - t)
 

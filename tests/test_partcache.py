@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
+import importlib
 import os
 import signal
 import subprocess
@@ -14,12 +15,17 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 
 import pipeline.readers.datasets as datasets_module
 from pipeline.readers import Index, MapDataset, make_loader, partcache, set_epoch
 from pipeline.readers.partcache import PREFIX, SharedPartMismatch, SharedParts, sweep_stale
+from pipeline.readers.tensors import to_batch
 from tests.helpers.bundles import make_bundle
+
+stage_module = importlib.import_module("pipeline.bundle.stage")  # the package exports stage()
 
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +97,46 @@ def test_shared_and_private_decoding_give_the_same_batches(index):
         assert private.dataset.shared is None and shared.dataset.shared is not None
         a, b = _epoch(shared, epoch), _epoch(private, epoch)
         assert a == b and sum(len(x) for x in a) == len(index)
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory) -> Index:
+    """The same rows in parts of many row groups: a decoded part is kept as its row groups."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stage_module, "ROW_GROUP_ROWS", 32)
+        snap = make_bundle(tmp_path_factory.mktemp("groups"), SIZES)
+    assert pq.ParquetFile(snap.part_paths()[1]).num_row_groups == 10
+    return Index.from_snapshot(snap)
+
+
+def _assert_rows_equal(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert got[k].dtype == v.dtype, k
+            torch.testing.assert_close(got[k], v, rtol=0, atol=0, equal_nan=True, msg=k)
+        else:
+            assert got[k] == v, k
+
+
+@pytest.mark.parametrize(
+    ("workers", "share"),
+    [(0, False), (2, True), (2, False)],
+    ids=["in-process", "shared", "private"],
+)
+def test_every_column_across_row_groups_equals_a_plain_read(grouped, workers, share):
+    plain = pa.concat_tables(pq.read_table(p) for p in grouped.part_paths)
+    kw = {} if workers else {"multiprocessing_context": None}
+    loader = _loader(grouped, num_workers=workers, share_decoded=share, batch_size=50, **kw)
+    for epoch in (0, 1):
+        set_epoch(loader, epoch)
+        order = loader.sampler.positions()
+        done = 0
+        for batch in loader:
+            want = to_batch(plain.take(order[done : done + 50]), grouped.schema)
+            _assert_rows_equal(batch, want)
+            done += 50
+        assert done >= len(grouped)
 
 
 def test_opting_out_or_bounding_the_cache_creates_no_directory(index):

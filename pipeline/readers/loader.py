@@ -334,14 +334,13 @@ class ReaderLoader:
             if isinstance(big, Wire):
                 big = wire_to_batch(big)  # here, in the main process: see Wire
             n = _rows_of(big)
-            for start in range(0, n, bs) if n > bs else (0,):
-                small = big if n <= bs else _cut(big, start, min(bs, n - start))
+            for small in _cut(big, bs, n) if n > bs else (big,):
                 # counted before it is handed over: a state taken while the training loop holds
                 # this batch already includes it
                 if self._iterable:
-                    self._rows[worker] += min(bs, n - start)  # type: ignore[index]
+                    self._rows[worker] += _rows_of(small)  # type: ignore[index]
                 else:
-                    self._rows += min(bs, n - start)  # type: ignore[operator]
+                    self._rows += _rows_of(small)  # type: ignore[operator]
                 yield small
 
     def delivered_positions(self) -> np.ndarray:
@@ -466,13 +465,20 @@ def _rows_of(batch: dict) -> int:
     return len(next(iter(batch.values())))
 
 
-def _cut(batch: dict, start: int, length: int) -> dict:
-    return {
-        k: (
-            v.narrow(0, start, length) if isinstance(v, torch.Tensor) else v[start : start + length]
-        )
-        for k, v in batch.items()
-    }
+def _cut(batch: dict, size: int, n: int) -> Iterator[dict]:
+    """``batch`` (``n`` rows) as consecutive batches of ``size`` rows (views, not copies).
+
+    ``torch.split`` makes all of a tensor's views in one call, at half the cost of one
+    ``narrow`` per batch and column (measured at batch 256; that cost is the main process's).
+    """
+    columns = [
+        torch.split(v, size)
+        if isinstance(v, torch.Tensor)
+        else [v[i : i + size] for i in range(0, n, size)]
+        for v in batch.values()
+    ]
+    keys = list(batch)
+    return (dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True))
 
 
 #: The former name of :class:`ReaderLoader` (it wrapped only loaders of large messages).
