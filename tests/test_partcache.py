@@ -20,10 +20,11 @@ import pytest
 import torch
 
 import pipeline.readers.datasets as datasets_module
+from pipeline.bundle import format as fmt
 from pipeline.readers import Index, MapDataset, make_loader, partcache, set_epoch
 from pipeline.readers.partcache import PREFIX, SharedPartMismatch, SharedParts, sweep_stale
 from pipeline.readers.tensors import to_batch
-from tests.helpers.bundles import make_bundle
+from tests.helpers.bundles import make_bundle, result_table, stage_result
 
 stage_module = importlib.import_module("pipeline.bundle.stage")  # the package exports stage()
 
@@ -137,6 +138,48 @@ def test_every_column_across_row_groups_equals_a_plain_read(grouped, workers, sh
             _assert_rows_equal(batch, want)
             done += 50
         assert done >= len(grouped)
+
+
+def test_result_columns_read_dictionary_encoded_equal_a_plain_read(tmp_path):
+    """lithi_status and lithi_verification are read dictionary-encoded; nulls and many distinct
+    values come through both readers exactly as a plain read gives them."""
+    n = 300
+    table = result_table(n)
+    verification = [None if i % 7 == 0 else f"method-{i % 40}" for i in range(n)]
+    table = table.set_column(
+        table.schema.get_field_index(fmt.VERIFICATION_COLUMN),
+        fmt.VERIFICATION_COLUMN,
+        pa.array(verification, pa.string()),
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stage_module, "ROW_GROUP_ROWS", 32)  # a dictionary per row group
+        index = Index.from_snapshot(stage_result(table, tmp_path / "b", rows_per_part=100))
+    assert datasets_module.coded_columns(index, index.schema.names) == list(
+        datasets_module.CODED_COLUMNS
+    )
+    part = datasets_module._read_part(index, 0, index.schema.names)
+    assert pa.types.is_dictionary(part.schema.field(fmt.STATUS_COLUMN).type)
+    plain = pa.concat_tables(pq.read_table(p) for p in index.part_paths)
+    for workers, share in ((0, False), (2, True)):
+        kw = {} if workers else {"multiprocessing_context": None}
+        loader = _loader(index, num_workers=workers, share_decoded=share, batch_size=64, **kw)
+        order = loader.sampler.positions()
+        for k, batch in enumerate(loader):
+            want = to_batch(plain.take(order[64 * k : 64 * (k + 1)]), index.schema)
+            _assert_rows_equal(batch, want)
+    streamed = [
+        x
+        for b in make_loader(index, style="iterable", batch_size=64, num_workers=0, shuffle=True)
+        for x in zip(b["id"], b[fmt.VERIFICATION_COLUMN], b[fmt.STATUS_COLUMN], strict=True)
+    ]
+    truth = dict(
+        zip(
+            plain.column("id").to_pylist(),
+            zip(verification, plain.column(fmt.STATUS_COLUMN).to_pylist(), strict=True),
+            strict=True,
+        )
+    )
+    assert sorted(streamed) == sorted((i, v, s) for i, (v, s) in truth.items())
 
 
 def test_opting_out_or_bounding_the_cache_creates_no_directory(index):

@@ -213,3 +213,25 @@ def test_a_wire_batch_of_a_slice_carries_only_its_own_rows():
     sliced = to_wire(batch.slice(5_000, 100), schema)
     assert len(pickle.dumps(sliced)) < 2 * whole  # not the parent's 10,000 rows
     assert wire_to_batch(sliced)["s"] == [f"{i:08d}" for i in range(5_000, 5_100)]
+
+
+def _string_schema(nullable: bool = True) -> Schema:
+    return Schema.model_validate(
+        {"fields": [{"name": "s", "type": "string", "nullable": nullable}]}
+    )
+
+
+def test_a_dictionary_encoded_string_column_still_yields_python_strings_and_nulls():
+    plain = pa.array(["b", None, "a", "b", None, "c"], pa.string())
+    table = pa.table({"s": plain.dictionary_encode()})
+    batch = to_batch(table, _string_schema())
+    assert batch["s"] == plain.to_pylist()
+    assert all(type(x) is str for x in batch["s"] if x is not None)
+    assert to_batch(table.slice(2, 3), _string_schema())["s"] == ["a", "b", None]
+    assert "s__valid" not in batch  # as for a plain string column
+
+
+def test_a_dictionary_of_another_value_type_is_refused():
+    table = pa.table({"s": pa.array([1, 2, 1], pa.int32()).dictionary_encode()})
+    with pytest.raises(TypeError, match="declared string"):
+        to_batch(table, _string_schema())

@@ -109,7 +109,10 @@ def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str,
     t = f.type
     out: dict[str, object] = {}
     if t in ("string", "binary"):
-        out[f.name] = _own_buffers(arr)  # to Python lists in wire_to_batch
+        if pa.types.is_dictionary(arr.type):  # read dictionary-encoded: see Coded
+            out[f.name] = _coded(arr)
+        else:
+            out[f.name] = _own_buffers(arr)  # to Python lists in wire_to_batch
         return out
     if t.startswith("list<"):  # values and lengths; a null list is an empty one
         flat = _scalars(arr.flatten(), _element(t), f.name)
@@ -144,6 +147,29 @@ def _own_buffers(arr: pa.Array) -> pa.Array:
     return pa.concat_arrays([arr])
 
 
+class Coded(NamedTuple):
+    """A dictionary-encoded string or binary column on the wire: each row's code (-1 for a
+    null) and the distinct values. Finished by indexing the values, so each distinct string is
+    made once per message rather than once per row."""
+
+    codes: np.ndarray
+    values: list
+
+
+def _coded(arr: pa.DictionaryArray) -> Coded:
+    codes = arr.indices
+    if codes.null_count:
+        codes = pc.fill_null(codes, -1)
+    return Coded(codes.to_numpy(), arr.dictionary.to_pylist())
+
+
+def _decode_codes(value: Coded) -> list:
+    lookup = np.empty(len(value.values) + 1, dtype=object)
+    lookup[:-1] = value.values
+    lookup[-1] = None  # code -1
+    return lookup[value.codes].tolist()
+
+
 class Ragged(NamedTuple):
     """A ``list<T>`` column on the wire: every row's values end to end, and each row's length."""
 
@@ -154,6 +180,8 @@ class Ragged(NamedTuple):
 def _finish(value: object) -> object:
     if isinstance(value, np.ndarray):
         return _from_numpy(value)
+    if isinstance(value, Coded):
+        return _decode_codes(value)
     if isinstance(value, Ragged):
         flat = _from_numpy(value.values)
         return list(torch.split(flat, value.lengths.tolist())) if len(value.lengths) else []
@@ -180,20 +208,30 @@ def _null_fill_list(list_type: pa.FixedSizeListType) -> pa.Scalar:
     return pa.scalar([fill] * list_type.list_size, list_type)
 
 
+def _encodes(arrow_type: pa.DataType, f: SchemaField) -> bool:
+    """Whether ``arrow_type`` is a dictionary encoding of ``f``'s declared string or binary."""
+    return (
+        f.type in ("string", "binary")
+        and pa.types.is_dictionary(arrow_type)
+        and arrow_type.value_type == f.arrow_type
+    )
+
+
 def to_wire(
     data: pa.Table | pa.RecordBatch, schema: Schema, columns: Iterable[str] | None = None
 ) -> Wire:
     """Convert a table or record batch to a :class:`Wire` batch typed by the declared ``schema``.
 
     ``columns`` (default: every column of ``data``) must all be declared; a column whose Arrow
-    type differs from its declaration is refused rather than silently converted.
+    type differs from its declaration is refused rather than silently converted (a declared
+    string or binary column may be dictionary-encoded: it still yields ``list[str]``).
     """
     names = list(columns) if columns is not None else list(data.schema.names)
     wire = Wire()
     for name in names:
         f = schema.field(name)
         col = data.column(name)
-        if col.type != f.arrow_type:
+        if col.type != f.arrow_type and not _encodes(col.type, f):
             raise TypeError(
                 f"column {name!r}: declared {f.type} ({f.arrow_type}), found Arrow {col.type}"
             )
