@@ -458,3 +458,33 @@ def test_idle_owner_warns_once_per_owner_not_per_epoch_or_worker(tmp_path, capfd
             assert sum(len(b["item_id"]) for b in loader) == 70
     assert "IdleOwnerWarning" not in capfd.readouterr().err  # no worker said it again
     assert not [r for r in caplog.records if "no part to read" in r.getMessage()]
+
+
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_the_worker_pipe_holds_a_whole_message(index, style, monkeypatch):
+    import fcntl
+
+    from pipeline.readers import loader as loader_module
+
+    sizes: list[int] = []
+    real = loader_module._widen_result_pipe
+
+    def widen(iterator):
+        real(iterator)
+        sizes.append(fcntl.fcntl(iterator._worker_result_queue._reader.fileno(), 1032))
+
+    monkeypatch.setattr(loader_module, "_widen_result_pipe", widen)
+    loader = make_loader(index, style=style, batch_size=16, num_workers=2)
+    assert sum(len(b["item_id"]) for b in loader) == len(index)
+    assert sizes and all(s >= loader_module.pipe_bytes() for s in sizes)  # F_GETPIPE_SZ
+
+
+def test_a_pipe_that_cannot_be_widened_changes_nothing_but_speed(index, monkeypatch):
+    import fcntl
+
+    def refuse(fd, cmd, *arg):
+        raise PermissionError("pipe-user-pages-soft reached")
+
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
+    loader = make_loader(index, style="map", batch_size=16, num_workers=2)
+    assert sorted(x for b in loader for x in b["item_id"]) == sorted(index.ids.to_pylist())

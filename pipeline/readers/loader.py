@@ -477,10 +477,20 @@ def _widen_result_pipe(iterator: Any) -> None:
         import fcntl
 
         fd = iterator._worker_result_queue._reader.fileno()
-        if fcntl.fcntl(fd, _F_SETPIPE_SZ - 1) < PIPE_BYTES:  # F_GETPIPE_SZ
-            fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+        want = pipe_bytes()
+        if fcntl.fcntl(fd, _F_SETPIPE_SZ - 1) < want:  # F_GETPIPE_SZ
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, want)
     except (AttributeError, ImportError, OSError, ValueError):
         pass
+
+
+def pipe_bytes() -> int:
+    """:data:`PIPE_BYTES`, or less if this machine lets a user's pipe hold less."""
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            return min(PIPE_BYTES, int(f.read()))
+    except (OSError, ValueError):
+        return PIPE_BYTES
 
 
 def _is_count(v: object) -> bool:
