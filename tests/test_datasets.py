@@ -488,3 +488,50 @@ def test_a_pipe_that_cannot_be_widened_changes_nothing_but_speed(index, monkeypa
     monkeypatch.setattr(fcntl, "fcntl", refuse)
     loader = make_loader(index, style="map", batch_size=16, num_workers=2)
     assert sorted(x for b in loader for x in b["item_id"]) == sorted(index.ids.to_pylist())
+
+
+def _record_pool(log: str, worker_id: int) -> None:
+    import pyarrow as pa
+
+    with open(log, "a") as f:  # O_APPEND: one whole line per worker
+        f.write(f"{worker_id} {pa.default_memory_pool().backend_name}\n")
+
+
+def _pools(log) -> list[str]:
+    return sorted(log.read_text().splitlines())
+
+
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_workers_decode_into_the_worker_pool_and_still_run_the_users_init(
+    index, tmp_path, monkeypatch, style
+):
+    import functools
+
+    import pyarrow as pa
+
+    from pipeline.readers.loader import WORKER_POOL
+
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    try:
+        getattr(pa, f"{WORKER_POOL}_memory_pool")()
+        want = WORKER_POOL
+    except NotImplementedError:  # a pyarrow built without it keeps its default
+        want = pa.default_memory_pool().backend_name
+    log = tmp_path / "pools.txt"
+    init = functools.partial(_record_pool, str(log))
+    loader = make_loader(index, style=style, batch_size=16, num_workers=2, worker_init_fn=init)
+    assert sorted(x for b in loader for x in b["item_id"]) == sorted(index.ids.to_pylist())
+    assert _pools(log) == [f"0 {want}", f"1 {want}"]
+
+
+def test_a_pool_the_user_chose_is_kept_in_the_workers(index, tmp_path, monkeypatch):
+    import functools
+
+    import pyarrow as pa
+
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
+    parent = pa.default_memory_pool().backend_name  # chosen when Arrow started in this process
+    log = tmp_path / "pools.txt"
+    init = functools.partial(_record_pool, str(log))
+    list(make_loader(index, style="map", batch_size=16, num_workers=2, worker_init_fn=init))
+    assert _pools(log) == [f"0 {parent}", f"1 {parent}"]

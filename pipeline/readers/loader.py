@@ -14,11 +14,14 @@ training loop stopped.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
@@ -94,6 +97,10 @@ def make_loader(
             "a prefix of the epoch and no state can resume it; keep in_order=True"
         )
     inner_batch = batch_size * transfer_batches
+    if num_workers > 0:
+        loader_kwargs["worker_init_fn"] = functools.partial(
+            _init_worker, loader_kwargs.get("worker_init_fn")
+        )
     if style == "map":
         # without worker processes there is no one to share with: no directory
         ds = MapDataset(index, columns, share_decoded=share_decoded and num_workers > 0)
@@ -140,6 +147,33 @@ def make_loader(
         )
         return ReaderLoader(inner, batch_size)
     raise ValueError(f"style must be 'map' or 'iterable', got {style!r}")
+
+
+#: The Arrow memory pool a DataLoader worker decodes into (unless ``ARROW_DEFAULT_MEMORY_POOL``
+#: names one). A worker decodes parts of tens of MB, publishes or sends them and frees them;
+#: jemalloc keeps freed memory for reuse for a while, mimalloc (Arrow's default) returns it
+#: to the system within milliseconds, so the next part's decode faults in fresh pages. Measured
+#: on a 2-core VM, 5 alternating rounds: the cold map-style epoch took 2.0-2.5 s with jemalloc
+#: in the workers against 2.0-4.6 s with mimalloc (median 2.21 s against 2.78 s).
+WORKER_POOL = "jemalloc"
+
+
+def _init_worker(user_init: Any, worker_id: int) -> None:
+    """``worker_init_fn`` of make_loader's workers: choose the Arrow pool, then the user's."""
+    use_worker_pool()
+    if user_init is not None:
+        user_init(worker_id)
+
+
+def use_worker_pool() -> str:
+    """Make :data:`WORKER_POOL` this process's Arrow pool, unless the user chose one through
+    ``ARROW_DEFAULT_MEMORY_POOL`` or this pyarrow lacks it; returns the pool in use."""
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        try:
+            pa.set_memory_pool(getattr(pa, f"{WORKER_POOL}_memory_pool")())
+        except (AttributeError, NotImplementedError):  # a build without it: keep the default
+            pass
+    return pa.default_memory_pool().backend_name
 
 
 class _WireMap(Dataset):
