@@ -3,9 +3,9 @@
 Map-style: :class:`OwnerSampler` yields this rank's positions (a contiguous share, shuffled
 inside), a ``BatchSampler`` groups them, the DataLoader hands each index batch to exactly one
 worker, and :meth:`MapDataset.__getitems__` fetches the whole batch with one Arrow ``take`` per
-row group touched. Iterable: :class:`PartIterableDataset` gives each (rank, worker) owner whole
-parts and streams them record batch by record batch. Both yield dict batches typed by the
-declared schema (see :mod:`pipeline.readers.tensors`).
+part touched. Iterable: :class:`PartIterableDataset` gives each (rank, worker) owner whole parts
+and streams them record batch by record batch. Both yield dict batches typed by the declared
+schema (see :mod:`pipeline.readers.tensors`).
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ class MapDataset(Dataset):
         needed = np.unique(part).tolist()
         # all at once: a worker decodes what no other worker is decoding
         tables = self._tables(needed)
-        # each row's chunk (row group) as one key across parts, then one take per chunk
+        # each row's chunk (its part, or the part's row group where it was not combined) as
+        # one key across parts, then one take per chunk
         key = np.empty_like(pos)
         base = 0
         chunks: list[pa.RecordBatch] = []
@@ -198,7 +199,7 @@ class MapDataset(Dataset):
         return pa.Table.from_batches([grouped.take(inverse)])  # back to the sampler's order
 
     def __getitems__(self, indices: Sequence[int]) -> Batch:
-        """Fetch a whole batch: one Arrow ``take`` per row group touched, then one conversion."""
+        """Fetch a whole batch: one Arrow ``take`` per part touched, then one conversion."""
         return wire_to_batch(self.take_wire(indices))
 
     def take_wire(self, indices: Sequence[int]) -> Wire:

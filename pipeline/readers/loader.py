@@ -494,7 +494,7 @@ class ReaderLoader:
 
 #: Bytes the worker-to-main pipe buffers (Linux ``F_SETPIPE_SZ``; 1 MiB is the default most a
 #: user may ask for). With the default 64 KiB, a 1 MiB message crosses in 16 rounds of the
-#: writer blocking and the reader waking: measured, the main process spent 2-4x the CPU reading
+#: writer blocking and the reader waking: measured, the main process spent 1.5-4x the CPU reading
 #: 256 MiB of messages, and the workers waited on it.
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
