@@ -25,6 +25,15 @@ from resources.credentials import CredentialRegistry
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIX = "LITHI_"
 
+
+def default_home() -> Path:
+    """``LITHI_HOME``'s default: ``.lithi/`` in the checkout the code runs from, or in the
+    working directory when the package is installed (never inside site-packages)."""
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / ".lithi"
+    return Path.cwd() / ".lithi"
+
+
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -53,7 +62,7 @@ class LithiEnv(BaseSettings):
         env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True
     )
 
-    home: Path = REPO_ROOT / ".lithi"
+    home: Path = Field(default_factory=default_home)
     job_id: str = ""
     watch_jobs: str = ""
     chain_cron: str = "0 3 * * *"

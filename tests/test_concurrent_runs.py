@@ -20,7 +20,7 @@ import dagster as dg
 import pytest
 
 from pipeline.bundle.verify import verify
-from pipeline.defs.instance import prepare_instance
+from pipeline.defs.instance import PROJECT_YAML, prepare_instance
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT
 from tests.helpers.postgres import fresh_database, postgres_home
@@ -59,7 +59,7 @@ def instance_env(request, tmp_path, monkeypatch) -> Iterator[dict[str, str]]:
             )  # this process opens it too
         else:
             dagster_home.mkdir()
-            shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", dagster_home)
+            shutil.copy(PROJECT_YAML, dagster_home)
             env = {"DAGSTER_HOME": str(dagster_home)}
         with monkeypatch.context() as m:
             m.setenv("DAGSTER_HOME", str(dagster_home))

@@ -26,6 +26,7 @@ import pytest
 
 from pipeline.bundle.verify import verify
 from pipeline.defs import samples
+from pipeline.defs.instance import PROJECT_YAML
 from pipeline.defs.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME
 from resources.compute.local import LocalCompute
 from resources.settings import REPO_ROOT
@@ -38,7 +39,7 @@ def storage(request, tmp_path, monkeypatch) -> Iterator[dict[str, str]]:
     dagster_home = tmp_path / "dagster_home"
     if request.param == "sqlite":
         dagster_home.mkdir()
-        shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", dagster_home / "dagster.yaml")
+        shutil.copy(PROJECT_YAML, dagster_home / "dagster.yaml")
         yield {"DAGSTER_HOME": str(dagster_home)}
         return
     with fresh_database() as url:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.bundle.verify import verify
+from pipeline.defs.instance import PROJECT_YAML
 from pipeline.training.record import OutputRecord, read_record
 from resources.settings import REPO_ROOT
 
@@ -54,9 +55,7 @@ def scratch(tmp_path: Path) -> Path:
     for name in (".venv", "examples"):
         (tmp_path / name).symlink_to(REPO_ROOT / name)
     (tmp_path / "dagster_home").mkdir()
-    (tmp_path / "dagster_home" / "dagster.yaml").write_text(
-        (REPO_ROOT / "dagster_home" / "dagster.yaml").read_text()
-    )
+    (tmp_path / "dagster_home" / "dagster.yaml").write_text(PROJECT_YAML.read_text())
     my_table(tmp_path / "my_table.parquet")
     return tmp_path
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import dagster as dg
 import filelock
 
-from resources.settings import REPO_ROOT
-
-PROJECT_YAML = REPO_ROOT / "dagster_home" / "dagster.yaml"
+#: The instance config a new DAGSTER_HOME gets; shipped inside the package, so an installed
+#: package prepares an instance as a checkout does.
+PROJECT_YAML = Path(__file__).with_name("dagster.yaml")
 LOCK_NAME = ".instance.lock"
 
 
