@@ -8,6 +8,7 @@ from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Schema
 from pipeline.readers.reconcile import keyed_coverage
+from pipeline.training.device import choose_device
 from pipeline.training.memory import bound_heap_growth
 from pipeline.training.record import TrainedModel
 from pipeline.training.trainer import PredictContext, TrainerError, load_trainer
@@ -35,6 +36,7 @@ def prediction_table(
             config=trainer.parse_config(record.config),
             num_workers=chain_settings.num_workers,
             log=context.log.info,
+            device=choose_device(chain_settings.device),
             checkpoint_dir=training_run.checkpoint_dir,
             checkpoint_sha256=record.checkpoint.sha256,
         )

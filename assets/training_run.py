@@ -22,6 +22,7 @@ from assets import _charts as charts
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.readers.index import Index
+from pipeline.training.device import choose_device
 from pipeline.training.record import (
     CHECKPOINT_DIR,
     TrainedModel,
@@ -93,6 +94,7 @@ def _train_in_process(
         log=log,
         progress_dir=progress_dir,
         checkpoint_every=settings.checkpoint_every,
+        device=choose_device(settings.device),
     )
     return summarize(run, hash_checkpoint(checkpoint_dir), 1)
 
@@ -120,6 +122,7 @@ def _train_torchrun(
         "--bundle", str(index.snapshot.root), "--cache-dir", str(cache_dir),
         "--index-sha256", index.digest, "--trainer", trainer_path,
         "--config", json.dumps(config), "--num-workers", str(settings.num_workers),
+        "--device", settings.device,
         "--progress-dir", str(progress_dir),
         "--checkpoint-every", str(settings.checkpoint_every), "--out", str(out),
     ]  # fmt: skip
@@ -196,6 +199,7 @@ def training_run_asset(
             config=params_data,
             features=summary.features,
             world_size=world,
+            device=summary.device,
             checkpoint=summary.checkpoint,
             metrics=summary.metrics,
             loss_curve=summary.loss_curve,
@@ -216,6 +220,7 @@ def training_run_asset(
             "features": md.features_table(record.features),
             **{k: md.number(v) for k, v in record.metrics.items()},
             "world_size": world,
+            "device": summary.device,
             "items_iterated": report.items_iterated,
             # The step a killed fit resumed after (0: it ran through in one go).
             "resumed_after_step": summary.resumed.step if summary.resumed else 0,

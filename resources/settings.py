@@ -18,6 +18,7 @@ import dagster as dg
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.training.device import DeviceError, check_device_setting
 from pipeline.training.trainer import REFERENCE_TRAINER
 from resources.compute.client import ComputeClient, ComputeError, check_job_id
 from resources.credentials import CredentialRegistry
@@ -74,6 +75,7 @@ class LithiEnv(BaseSettings):
     num_workers: NonNegativeInt = 2
     checkpoint_every: NonNegativeInt = 200
     torchrun_max_restarts: NonNegativeInt = 1
+    device: str = "auto"
     compute_root: Path | None = None
     compute_executor: Literal["subprocess", "inline"] = "subprocess"
     cache_dir: Path | None = None
@@ -102,6 +104,14 @@ class LithiEnv(BaseSettings):
         if v != "local" and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
             raise ValueError("expected an import path 'package.module:Name'")
         return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        try:
+            return check_device_setting(v)
+        except DeviceError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("credential_refs")
     @classmethod
@@ -219,6 +229,7 @@ class ChainSettings(dg.ConfigurableResource):
     num_workers: NonNegativeInt = 2  # DataLoader worker processes per rank
     checkpoint_every: NonNegativeInt = 200  # optimizer steps between mid-fit cuts; 0 never
     torchrun_max_restarts: NonNegativeInt = 1  # torchrun restarts every rank when one dies
+    device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
 
     @classmethod
     def from_env(cls, env: LithiEnv) -> ChainSettings:
@@ -237,6 +248,7 @@ class ChainSettings(dg.ConfigurableResource):
             num_workers=env.num_workers,
             checkpoint_every=env.checkpoint_every,
             torchrun_max_restarts=env.torchrun_max_restarts,
+            device=env.device,
         )
 
     def resolve_job(self, client: ComputeClient) -> str | None:

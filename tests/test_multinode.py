@@ -94,7 +94,7 @@ def test_two_torchrun_nodes_train_and_reconcile_exactly_once(tmp_path):
         assert node.returncode == 0, f"node {k} exited {node.returncode}:\n{log[-4000:]}"
 
     # Each node ran exactly one of the two ranks (which one is the rendezvous's choice).
-    ranks = [set(re.findall(r"\[rank (\d)\] rank \d of 2: index", log)) for log in logs]
+    ranks = [set(re.findall(r"\[rank (\d)\] rank \d of 2 on cpu: index", log)) for log in logs]
     assert sorted(r for rs in ranks for r in rs) == ["0", "1"], logs
     assert all(len(rs) == 1 for rs in ranks)
 

@@ -10,6 +10,10 @@ channel): its log lines and metadata reach the Dagster run; the other ranks log 
 the Pipes subprocess client forwards. This module imports ``dagster_pipes`` (the small,
 dependency-free protocol package), never Dagster itself.
 
+Each rank trains on its device (``--device``: ``auto`` is ``cuda:LOCAL_RANK`` when CUDA is
+available, else the CPU) and joins the process group with the backend for it: gloo on the CPU,
+NCCL for CUDA tensors beside gloo for CPU ones on a GPU.
+
 When a rank dies, torchrun (``--max-restarts``) restarts every rank; they find the last mid-fit
 cut in ``--progress-dir`` and resume there, and the outcome names the step they resumed after.
 
@@ -34,6 +38,7 @@ import torch.distributed as dist
 from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.readers.index import Index, IndexMismatch
+from pipeline.training.device import choose_device, process_group_backend
 from pipeline.training.record import CHECKPOINT_DIR
 from pipeline.training.runner import hash_checkpoint, run_fit, summarize
 from pipeline.training.trainer import load_trainer
@@ -42,8 +47,9 @@ from resources.bundle_store import BundleStore
 OUTCOME = "outcome.json"
 
 
-def _init_process_group() -> None:
-    """Join the gloo group through torchrun's store, under a prefix of this restart's own.
+def _init_process_group(device: torch.device) -> None:
+    """Join the process group for ``device`` (gloo on the CPU; NCCL for CUDA tensors and gloo
+    for CPU ones on a GPU) through torchrun's store, under a prefix of this restart's own.
 
     torchrun keeps its store across restarts; the default group's keys (each rank's gloo
     address among them) would then still hold the killed attempt's values, and a restarted rank
@@ -54,7 +60,8 @@ def _init_process_group() -> None:
     store, rank, world = next(dist.rendezvous("env://"))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"lithi/attempt-{attempt}", store)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    backend = process_group_backend(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
 def _launched_by_dagster() -> bool:
@@ -77,12 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", required=True, help="import path of the Trainer (pkg.mod:Name)")
     p.add_argument("--config", required=True, help="the trainer's config as a JSON object")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda:LOCAL_RANK if CUDA is available), cpu, cuda[:N]",
+    )
     p.add_argument("--progress-dir", help="where mid-fit cuts are saved and resumed from")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between cuts")
     p.add_argument("--out", required=True, help="the run's folder: checkpoint/ and the outcome")
     args = p.parse_args(argv)
 
-    _init_process_group()
+    device = choose_device(args.device)  # cuda:LOCAL_RANK on a GPU machine
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's collectives and DDP use the current device
+    _init_process_group(device)
     rank, world = dist.get_rank(), dist.get_world_size()
     with contextlib.ExitStack() as stack:
         pipes = None
@@ -104,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.bundle}: the index rebuilt on rank {rank} is {index.digest}, the step "
                 f"was handed {args.index_sha256}"
             )
-        log(f"rank {rank} of {world}: index {index.digest[:12]} verified")
+        log(f"rank {rank} of {world} on {device}: index {index.digest[:12]} verified")
         # What every rank hashed to verify its input, summed: the cost of the launch itself.
         hashed = torch.tensor([file_bytes_hashed()], dtype=torch.int64)
         dist.all_reduce(hashed)
@@ -127,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             log=log,
             progress_dir=Path(args.progress_dir) if args.progress_dir else None,
             checkpoint_every=args.checkpoint_every,
+            device=device,
         )
         dist.barrier()  # rank 0 hashes the checkpoint only once every rank has finished fit
         if rank == 0:

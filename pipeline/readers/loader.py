@@ -62,6 +62,7 @@ def make_loader(
     drop_last: bool = False,
     transfer_batches: int | None = None,
     share_decoded: bool = True,
+    pin_memory: bool = False,
     **loader_kwargs: Any,
 ) -> ReaderLoader:
     """A resumable loader over this rank's share of ``index`` (a :class:`ReaderLoader`).
@@ -84,6 +85,11 @@ def make_loader(
     ``share_decoded`` (map-style) lets this rank's workers share decoded parts, so each part is
     decoded once per rank rather than once per worker (see :class:`MapDataset`); ``False`` has
     each worker decode and cache its own.
+
+    ``pin_memory`` puts every batch's tensors in page-locked memory (ask for it when the
+    batches go to a CUDA device, so their copy can overlap the GPU's work). The main process
+    pins each worker message once, after finishing it into tensors: torch's own ``pin_memory``
+    would see only the workers' wire form (numpy arrays), which it leaves unpinned.
     """
     if transfer_batches is None:
         transfer_batches = 1 if num_workers == 0 or drop_last else auto_transfer(batch_size)
@@ -115,7 +121,7 @@ def make_loader(
             drop_last=drop_last,
             **loader_kwargs,
         )
-        return ReaderLoader(inner, batch_size)
+        return ReaderLoader(inner, batch_size, pin_memory=pin_memory)
     if style == "iterable":
         if drop_last:
             raise ValueError("drop_last is not supported by the iterable reader")
@@ -145,7 +151,7 @@ def make_loader(
             collate_fn=_as_is,
             **loader_kwargs,
         )
-        return ReaderLoader(inner, batch_size)
+        return ReaderLoader(inner, batch_size, pin_memory=pin_memory)
     raise ValueError(f"style must be 'map' or 'iterable', got {style!r}")
 
 
@@ -236,11 +242,12 @@ class ReaderLoader:
     prefetched. ``len()`` is the number of batches in a whole epoch of this rank.
     """
 
-    def __init__(self, loader: DataLoader, batch_size: int) -> None:
+    def __init__(self, loader: DataLoader, batch_size: int, *, pin_memory: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.loader = loader
         self.batch_size = batch_size
+        self.pin_memory = pin_memory
         self._iterable = isinstance(self.dataset, PartIterableDataset)
         self._rows: int | list[int] = self._zero_rows()
         self._pending = False  # a loaded state waits for the next __iter__
@@ -368,6 +375,8 @@ class ReaderLoader:
                 big = item
             if isinstance(big, Wire):
                 big = wire_to_batch(big)  # here, in the main process: see Wire
+            if self.pin_memory:
+                big = _pinned(big)  # once per message; the batches cut from it are views
             n = _rows_of(big)
             for small in _cut(big, bs, n) if n > bs else (big,):
                 # counted before it is handed over: a state taken while the training loop holds
@@ -525,6 +534,10 @@ def pipe_bytes() -> int:
             return min(PIPE_BYTES, int(f.read()))
     except (OSError, ValueError):
         return PIPE_BYTES
+
+
+def _pinned(batch: dict) -> dict:
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def _is_count(v: object) -> bool:

@@ -4,6 +4,13 @@ Pure torch over :mod:`pipeline.readers` (no Dagster), so the same trainer runs i
 under ``torchrun`` or in a plain script. Write your own by subclassing :class:`Trainer`.
 """
 
+from pipeline.training.device import (
+    DeviceError,
+    choose_device,
+    cpu_state_dict,
+    process_group_backend,
+    to_device,
+)
 from pipeline.training.record import OutputRecord, TrainedModel, TrainingRecord, read_record
 from pipeline.training.runner import CheckpointFiles, TrainSummary, hash_checkpoint, run_fit
 from pipeline.training.trainer import (
@@ -23,6 +30,7 @@ from pipeline.training.trainer import (
 __all__ = [
     "REFERENCE_TRAINER",
     "CheckpointFiles",
+    "DeviceError",
     "FeatureSet",
     "FitContext",
     "FitResult",
@@ -35,9 +43,13 @@ __all__ = [
     "TrainerError",
     "TrainerInfo",
     "TrainingRecord",
+    "choose_device",
+    "cpu_state_dict",
     "hash_checkpoint",
     "load_trainer",
+    "process_group_backend",
     "read_record",
     "run_fit",
+    "to_device",
     "trainer_info",
 ]

@@ -10,8 +10,9 @@ A nullable feature is filled with its mean and gets a validity indicator beside 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +47,14 @@ class FeatureColumn(BaseModel):
     nullable: bool
 
 
+class SpecTensors(NamedTuple):
+    """A :class:`FeatureSpec`'s constants on one device."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    classes: torch.Tensor | None  # integer classes, sorted; None for string classes
+
+
 class FeatureSpec(BaseModel):
     """How a batch becomes a feature matrix and a target: columns, normalisation, classes."""
 
@@ -60,6 +69,14 @@ class FeatureSpec(BaseModel):
     target_mean: float = 0.0
     target_std: float = 1.0
 
+    def tensors(self, device: torch.device | str) -> SpecTensors:
+        """Mean, std and (integer) classes as tensors on ``device``, made once per device and
+        set of values: a GPU step then copies no constant from the host (each copy would make
+        the host wait). Shared: never change them in place."""
+        return _spec_tensors(
+            tuple(self.mean), tuple(self.std), tuple(self.classes), torch.device(device)
+        )
+
     @property
     def dim(self) -> int:
         """Width of the feature vector: every value, plus one indicator per nullable column."""
@@ -69,6 +86,18 @@ class FeatureSpec(BaseModel):
     def outputs(self) -> int:
         """Model outputs: one logit per class, or the one regressed value."""
         return len(self.classes) if self.task == "classification" else 1
+
+
+@functools.lru_cache(maxsize=16)
+def _spec_tensors(
+    mean: tuple[float, ...], std: tuple[float, ...], classes: tuple, device: torch.device
+) -> SpecTensors:
+    ints = bool(classes) and not isinstance(classes[0], str)
+    return SpecTensors(
+        torch.tensor(mean, dtype=torch.float64, device=device),
+        torch.tensor(std, dtype=torch.float64, device=device),
+        torch.tensor(classes, dtype=torch.int64, device=device) if ints else None,
+    )
 
 
 def _base_type(f: SchemaField) -> tuple[str, int] | None:
@@ -187,7 +216,7 @@ def labels(batch: dict, label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
         return raw, torch.tensor([v is not None for v in raw], dtype=torch.bool)
     valid = batch.get(label + VALID_SUFFIX)
     if valid is None:
-        valid = torch.ones(raw.shape[0], dtype=torch.bool)
+        valid = torch.ones(raw.shape[0], dtype=torch.bool, device=raw.device)
     if raw.is_floating_point():
         valid = valid & ~torch.isnan(raw)
     return raw, valid
@@ -269,10 +298,13 @@ def fit_spec(
 
 
 def to_features(batch: dict, spec: FeatureSpec) -> torch.Tensor:
-    """The normalised float32 feature matrix: missing values at the mean, indicators beside."""
+    """The normalised float32 feature matrix: missing values at the mean, indicators beside.
+
+    Computed on the device the batch's columns are on.
+    """
     parts, start = [], 0
-    mean = torch.tensor(spec.mean, dtype=torch.float64)
-    std = torch.tensor(spec.std, dtype=torch.float64)
+    device = batch[spec.columns[0].name].device if spec.columns else torch.device("cpu")
+    mean, std, _ = spec.tensors(device)
     for col in spec.columns:
         x, ok = _values(batch, col)
         m, s = mean[start : start + col.width], std[start : start + col.width]
@@ -292,7 +324,8 @@ def class_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.T
         index = torch.tensor([lookup.get(v, -1) for v in values], dtype=torch.int64)
         return index.clamp(min=0), valid & (index >= 0)
     # Integer classes are sorted (fit_spec sorts them): a binary search per row, vectorised.
-    known = torch.tensor(spec.classes, dtype=torch.int64)
+    known = spec.tensors(raw.device).classes
+    assert known is not None  # integer classes (the branch above takes string ones)
     values = raw.to(torch.int64)
     index = torch.searchsorted(known, values).clamp(max=len(known) - 1)
     return index, valid & (known[index] == values)

@@ -5,6 +5,13 @@ tallied and reconciled by the pipeline, not here. Rows are masked rather than dr
 out, not accepted, without a label — so every DDP rank steps on every batch it has; with
 ``world_size > 1`` the model is wrapped in DDP and each epoch runs under ``Join``, because
 disjoint shares differ in size by one item and a rank that runs out early must not hang others.
+
+On a GPU (``ctx.device``) the model, the normalisation and the loss run there: batches arrive
+pinned and are copied without blocking, and running sums stay on the device so no step waits
+for the GPU to report a number. The model is built on the CPU from the seed and then moved, and
+the checkpoint is saved from CPU tensors, so the same fit writes the same bytes on any device
+whose kernels agree. The feature normalisation is fitted in float64 on the CPU, the same on
+every device.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from torch import nn
 
 from pipeline.bundle import format as fmt
 from pipeline.readers.batches import accepted_mask, confidence_weights
+from pipeline.training.device import cpu_state_dict, tensor_to, to_device
 from pipeline.training.features import (
     FeatureSpec,
     Task,
@@ -58,6 +66,23 @@ class ReferenceConfig(BaseModel):
     accepted_only: bool = Field(default=True, description="train on accepted rows only")
     weight_by_confidence: bool = Field(default=True, description="weight rows by confidence")
     holdout_percent: int = Field(default=20, ge=0, lt=100)
+    amp: bool = Field(
+        default=False, description="bfloat16 autocast for the forward pass and loss (GPU speed)"
+    )
+
+
+#: Config fields added after checkpoints were first written, left out of a checkpoint while at
+#: their default: a fit trained as before then writes the same bytes (and digest) as before.
+_LATER_FIELDS = {"amp": False}
+
+
+def checkpoint_config(config: ReferenceConfig) -> dict:
+    """The config as the checkpoint stores it (see :data:`_LATER_FIELDS`)."""
+    data = config.model_dump()
+    for name, default in _LATER_FIELDS.items():
+        if data.get(name) == default:
+            del data[name]
+    return data
 
 
 def _all_sum(values: list[float], world_size: int) -> list[float]:
@@ -82,7 +107,33 @@ def _targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor
     return regression_targets(batch, spec)
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
+def step_tensors(
+    batch: dict,
+    spec: FeatureSpec,
+    config: ReferenceConfig,
+    id_field: str,
+    has_status: bool,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch's features, targets and row weights on ``device`` (weight 0: not trained on).
+
+    Masks made from strings (ids, statuses, string labels) are built on the host and copied;
+    the numeric columns are copied first and computed on the device.
+    """
+    batch = to_device(batch, device)
+    y, has_y = _targets(batch, spec)
+    held_out = tensor_to(holdout_mask(batch[id_field], config.holdout_percent), device)
+    keep = tensor_to(has_y, device) & ~held_out
+    if config.accepted_only and has_status:
+        keep &= tensor_to(accepted_mask(batch), device)
+    w = keep.to(torch.float32)
+    if config.weight_by_confidence and has_status:
+        w = w * confidence_weights(batch)
+    return to_features(batch, spec), tensor_to(y, device), w
+
+
+def row_loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
+    """Each row's loss (cross-entropy, or squared error on the standardised target)."""
     if task == "classification":
         return nn.functional.cross_entropy(out, y, reduction="none")
     return nn.functional.mse_loss(out.squeeze(1), y, reduction="none")
@@ -122,10 +173,13 @@ def fit_reference(ctx: FitContext) -> FitResult:
         )
     else:
         spec = FeatureSpec.model_validate(resumed.shared["spec"])
-    model = MLP(spec.dim, config.hidden, spec.outputs)
+    device = ctx.device
+    model = MLP(spec.dim, config.hidden, spec.outputs).to(device)  # initialised on the CPU
     opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     curve: list[float] = []
-    first_epoch, step, done, sums = 0, 0, 0, [0.0, 0.0]
+    first_epoch, step, done = 0, 0, 0
+    # loss x weight and weight summed this epoch, on the device: read once per epoch (or cut)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
     if resumed is not None:
         shared = resumed.shared
         model.load_state_dict(shared["model"])
@@ -133,7 +187,8 @@ def fit_reference(ctx: FitContext) -> FitResult:
         torch.set_rng_state(shared["rng"])
         curve = [float(v) for v in shared["loss_curve"]]
         first_epoch, step, done = int(shared["epoch"]), resumed.step, int(shared["done"])
-        sums = [float(v) for v in resumed.local["sums"]]
+        sums = torch.tensor([float(v) for v in resumed.local["sums"]], dtype=torch.float64)
+        sums = sums.to(device)
         loader.load_state_dict(resumed.local["loader"])
         if ctx.rank == 0:
             ctx.log(
@@ -142,11 +197,14 @@ def fit_reference(ctx: FitContext) -> FitResult:
             )
     net: nn.Module = model
     if ctx.world_size > 1:
-        net = nn.parallel.DistributedDataParallel(model)
+        ids = [device.index] if device.type == "cuda" else None
+        net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp)
     for epoch in range(first_epoch, config.epochs):
         if not (resumed is not None and epoch == first_epoch):
             loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
-            done, sums = 0, [0.0, 0.0]
+            done = 0
+            sums.zero_()
         join = (
             torch.distributed.algorithms.Join([net])
             if ctx.world_size > 1
@@ -154,22 +212,17 @@ def fit_reference(ctx: FitContext) -> FitResult:
         )
         with join:
             for batch in loader:
-                y, has_y = _targets(batch, spec)
-                keep = has_y & ~holdout_mask(batch[index.id_field], config.holdout_percent)
-                if config.accepted_only and has_status:
-                    keep &= accepted_mask(batch)
-                w = keep.to(torch.float32)
-                if config.weight_by_confidence and has_status:
-                    w = w * confidence_weights(batch)
-                per_row = _loss(net(to_features(batch, spec)), y, config.task)
+                x, y, w = step_tensors(batch, spec, config, index.id_field, has_status, device)
+                with autocast:
+                    per_row = row_loss(net(x), y, config.task).float()
                 # Every rank steps on every batch it has, even one with no kept row, so DDP's
                 # gradient all-reduce always has all non-joined ranks.
                 loss = (per_row * w).sum() / w.sum().clamp(min=1e-8)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                sums[0] += float((per_row * w).sum().detach())
-                sums[1] += float(w.sum())
+                sums[0] += (per_row * w).sum().detach().double()
+                sums[1] += w.sum().double()
                 step, done = step + 1, done + 1
                 # A cut only where every rank has stepped as often (none has run out yet).
                 if done <= common and ctx.progress.due(step):
@@ -177,16 +230,16 @@ def fit_reference(ctx: FitContext) -> FitResult:
                         step,
                         shared={
                             "spec": spec.model_dump(),
-                            "model": model.state_dict(),
+                            "model": cpu_state_dict(model),
                             "optimizer": opt.state_dict(),
                             "rng": torch.get_rng_state(),
                             "loss_curve": curve,
                             "epoch": epoch,
                             "done": done,
                         },
-                        local={"loader": loader.state_dict(), "sums": sums},
+                        local={"loader": loader.state_dict(), "sums": sums.tolist()},
                     )
-        total_loss, total_w = _all_sum(sums, ctx.world_size)
+        total_loss, total_w = _all_sum(sums.tolist(), ctx.world_size)
         curve.append(total_loss / max(total_w, 1e-8))
         if ctx.rank == 0:
             ctx.log(f"epoch {epoch + 1}/{config.epochs}: loss {curve[-1]:.4f}")
@@ -195,9 +248,9 @@ def fit_reference(ctx: FitContext) -> FitResult:
         ctx.log(", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         save_checkpoint(
             ctx.output_dir / CHECKPOINT,
-            state_dict={k: v.detach().clone() for k, v in model.state_dict().items()},
+            state_dict=cpu_state_dict(model),
             spec=spec,
-            config=config.model_dump(),
+            config=checkpoint_config(config),
             hidden=config.hidden,
         )
     return FitResult(metrics=metrics, loss_curve=curve, features=feature_set)
@@ -213,31 +266,35 @@ def evaluate_model(
     """
     model.eval()
     index = ctx.index
+    device = ctx.device
     loader = ctx.loader(style=config.reader, batch_size=1024, shuffle=False, num_workers=0)
     # per split (held out, train): rows, then correct (classification) or squared, abs error
-    acc = [0.0] * 6
+    acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:
+        batch = to_device(batch, device)
         y, has_y = _targets(batch, spec)
-        ok = has_y & (accepted_mask(batch) if index.is_result else True)
-        hold = holdout_mask(batch[index.id_field], config.holdout_percent)
-        out = model(to_features(batch, spec))
+        y, ok = tensor_to(y, device), tensor_to(has_y, device)
+        if index.is_result:
+            ok = ok & tensor_to(accepted_mask(batch), device)
+        hold = tensor_to(holdout_mask(batch[index.id_field], config.holdout_percent), device)
+        out = model(to_features(batch, spec)).float()
         for k, part in enumerate((ok & hold, ok & ~hold)):
-            acc[3 * k] += float(part.sum())
+            acc[3 * k] += part.sum().double()
             if spec.task == "classification":
-                acc[3 * k + 1] += float(((out.argmax(1) == y) & part).sum())
+                acc[3 * k + 1] += ((out.argmax(1) == y) & part).sum().double()
             else:
                 err = (out.squeeze(1) - y) * spec.target_std
-                acc[3 * k + 1] += float((err * err)[part].sum())
-                acc[3 * k + 2] += float(err.abs()[part].sum())
-    acc = _all_sum(acc, ctx.world_size)
+                acc[3 * k + 1] += (err * err)[part].sum().double()
+                acc[3 * k + 2] += err.abs()[part].sum().double()
+    totals = _all_sum(acc.tolist(), ctx.world_size)
     model.train()
     out: dict[str, float] = {}
     for k, name in enumerate(("holdout", "train")):
-        n = acc[3 * k]
+        n = totals[3 * k]
         out[f"{name}_items"] = n
         if spec.task == "classification":
-            out[f"{name}_accuracy"] = acc[3 * k + 1] / n if n else math.nan
+            out[f"{name}_accuracy"] = totals[3 * k + 1] / n if n else math.nan
         else:
-            out[f"{name}_rmse"] = math.sqrt(acc[3 * k + 1] / n) if n else math.nan
-            out[f"{name}_mae"] = acc[3 * k + 2] / n if n else math.nan
+            out[f"{name}_rmse"] = math.sqrt(totals[3 * k + 1] / n) if n else math.nan
+            out[f"{name}_mae"] = totals[3 * k + 2] / n if n else math.nan
     return out

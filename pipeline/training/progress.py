@@ -118,7 +118,8 @@ class Progress:
             path = cut / f"rank-{rank}.pt"
             if not path.is_file():
                 raise ProgressError(f"{cut}: committed, but rank {rank}'s part is missing")
-            return torch.load(path, weights_only=True)
+            # on the CPU whatever device saved it: a fit may resume on other hardware
+            return torch.load(path, weights_only=True, map_location="cpu")
 
         own = part(self.rank)
         shared = own["shared"] if self.rank == 0 else part(0)["shared"]

@@ -45,6 +45,7 @@ class TrainingRecord(BaseModel):
     reconciliation: ReconcileReport
     passes: int
     resumed: Resume | None = None  # the fit was killed, restarted, and resumed after this step
+    device: str = "cpu"  # the device type it trained on; the checkpoint's bytes do not depend on it
 
 
 class OutputRecord(BaseModel):

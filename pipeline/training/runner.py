@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.bundle.digest import content_sha256, sha256_files
@@ -52,6 +53,7 @@ class FitRun:
     reconciliation: ReconcileReport
     passes: int
     resumed: Resume | None = None
+    device: str = "cpu"
 
 
 class TrainSummary(BaseModel):
@@ -67,6 +69,7 @@ class TrainSummary(BaseModel):
     checkpoint: CheckpointFiles
     world_size: int
     resumed: Resume | None = None
+    device: str = "cpu"  # the device type rank 0 trained on ("cpu", "cuda")
 
 
 def run_fit(
@@ -81,6 +84,7 @@ def run_fit(
     log: Callable[[str], None] = print,
     progress_dir: Path | None = None,
     checkpoint_every: int = 0,
+    device: torch.device | str = "cpu",
 ) -> FitRun:
     """Call ``trainer.fit`` on this rank, then reconcile its last full pass across ranks.
 
@@ -89,6 +93,7 @@ def run_fit(
     complete passes it made. With ``progress_dir``, the trainer may save mid-fit cuts there
     every ``checkpoint_every`` steps and resumes from the last one a killed fit left; the
     interrupted pass is then reconciled too, and the cuts are removed once ``fit`` returns.
+    ``device`` is this rank's (:func:`~pipeline.training.device.choose_device`).
     """
     # Any trainer's pass over millions of items, and the pipeline's tally of every id beside it,
     # would otherwise leave gigabytes of fragmented heap behind (see pipeline.training.memory).
@@ -103,6 +108,7 @@ def run_fit(
         log=log,
         output_dir=output_dir,
         progress=progress,
+        device=device,
     )
     result = trainer.fit(ctx)
     if not isinstance(result, FitResult):
@@ -121,7 +127,7 @@ def run_fit(
             ),
         )
     progress.clear()
-    return FitRun(result, report, ctx.passes.completed, resumed)
+    return FitRun(result, report, ctx.passes.completed, resumed, ctx.device.type)
 
 
 def progress_key(
@@ -169,4 +175,5 @@ def summarize(run: FitRun, checkpoint: CheckpointFiles, world_size: int) -> Trai
         checkpoint=checkpoint,
         world_size=world_size,
         resumed=run.resumed,
+        device=run.device,
     )

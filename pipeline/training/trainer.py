@@ -16,11 +16,14 @@ A minimal trainer::
             epochs: int = 3
 
         def fit(self, ctx: FitContext) -> FitResult:
-            loader = ctx.loader(batch_size=256)   # this rank's disjoint share
+            model = MyNet().to(ctx.device)        # cuda:LOCAL_RANK on a GPU machine, else cpu
+            loader = ctx.loader(batch_size=256)   # this rank's disjoint share (pinned on a GPU)
             for epoch in range(ctx.config.epochs):
                 loader.set_epoch(epoch)
-                for batch in loader: ...          # dict batches, ids as str
-            torch.save(model.state_dict(), ctx.output_dir / "model.pt")
+                for batch in loader:              # dict batches, ids as str
+                    batch = ctx.to_device(batch)  # tensors moved, ids still str
+                    ...
+            torch.save(cpu_state_dict(model), ctx.output_dir / "model.pt")
             return FitResult(metrics={...}, features=FeatureSet(used=["x"]))
 
         def predict(self, ctx: PredictContext) -> pa.Table:
@@ -42,11 +45,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import OwnerCounts, Tally
+from pipeline.training.device import to_device, wants_pinned_memory
 from pipeline.training.progress import Progress
 
 #: The trainer the pipeline uses unless ``LITHI_TRAINER`` or the run config names another.
@@ -161,7 +166,14 @@ class TalliedLoader:
 
 
 class _Context:
-    """What every trainer call gets: the verified index, its config, a log, readers."""
+    """What every trainer call gets: the verified index, its config, a log, readers, a device.
+
+    :attr:`device` is where this rank computes (``cuda:LOCAL_RANK`` on a GPU machine, else the
+    CPU; see :func:`~pipeline.training.device.choose_device`). Put the model there, move each
+    batch with :meth:`to_device`, and save checkpoints from CPU tensors
+    (:func:`~pipeline.training.device.cpu_state_dict`) so their digest names the weights, not
+    the hardware.
+    """
 
     def __init__(
         self,
@@ -172,6 +184,7 @@ class _Context:
         world_size: int,
         num_workers: int,
         log: Callable[[str], None],
+        device: torch.device | str = "cpu",
     ) -> None:
         self.index = index
         self.config = config
@@ -179,7 +192,12 @@ class _Context:
         self.world_size = world_size
         self.num_workers = num_workers
         self.log = log
+        self.device = torch.device(device)
         self.passes = PassLog()
+
+    def to_device(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """``batch``'s tensors on :attr:`device` (non-blocking); ids and strings stay lists."""
+        return to_device(batch, self.device)
 
     def loader(
         self,
@@ -193,9 +211,10 @@ class _Context:
     ) -> TalliedLoader:
         """A DataLoader over this owner's disjoint share of the index, each pass counted.
 
-        ``num_workers`` defaults to the pipeline's setting (``LITHI_NUM_WORKERS``). Every item
-        of the index reaches exactly one rank; a full pass over every rank's loader covers
-        the manifest's items exactly once, which is what the pipeline checks afterwards.
+        ``num_workers`` defaults to the pipeline's setting (``LITHI_NUM_WORKERS``). Batches are
+        pinned when :attr:`device` is a GPU, so :meth:`to_device` copies them asynchronously.
+        Every item of the index reaches exactly one rank; a full pass over every rank's loader
+        covers the manifest's items exactly once, which is what the pipeline checks afterwards.
         """
         inner = make_loader(
             self.index,
@@ -207,6 +226,7 @@ class _Context:
             seed=seed,
             rank=self.rank,
             world_size=self.world_size,
+            pin_memory=wants_pinned_memory(self.device),
         )
         return TalliedLoader(inner, self.index, self.passes, f"rank {self.rank}")
 
