@@ -2,5 +2,5 @@
 
 CHAIN_GROUP = "compute_chain"
 
-#: The resource key of :class:`resources.io_manager.ChainIOManager`, which every link uses.
+#: The resource key of :class:`resources.dagster.io_manager.ChainIOManager`, which every link uses.
 IO_MANAGER_KEY = "chain_io_manager"

@@ -16,8 +16,8 @@ from assets import _metadata as md
 from assets._group import CHAIN_GROUP
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Manifest
-from resources.dagster_resources import BundleStoreResource, ComputeResource
-from resources.settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 
 KEY = dg.AssetKey("compute_versions")
 #: The tag Dagster reads an observation's data version from (what ``ObserveResult`` writes).

@@ -7,7 +7,7 @@ from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle.verify import VerifiedSnapshot
 from pipeline.readers.index import Index
 from pipeline.readers.split import plan_split
-from resources.settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings
 
 
 @dg.asset(

@@ -11,9 +11,9 @@ from pipeline.bundle.manifest import InputRef
 from pipeline.bundle.stage import new_version_id, stage
 from pipeline.bundle.verify import VerifiedSnapshot, check
 from pipeline.training.record import OutputRecord, TrainedModel, write_record
-from resources.artifacts import ArtifactStore
-from resources.dagster_resources import BundleStoreResource
-from resources.settings import ChainSettings
+from resources.dagster.artifacts import ArtifactStore
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource
 
 VERIFIES = "output_bundle_verifies"
 

@@ -12,7 +12,7 @@ from pipeline.training.device import choose_device
 from pipeline.training.memory import bound_heap_growth
 from pipeline.training.record import TrainedModel
 from pipeline.training.trainer import PredictContext, TrainerError, load_trainer
-from resources.settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings
 
 
 @dg.asset(

@@ -6,8 +6,8 @@ from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from assets.compute_versions import compute_versions
 from resources.compute.client import ComputeError, ComputeUnavailable
-from resources.dagster_resources import BundleStoreResource, ComputeResource
-from resources.settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 
 
 class ResultManifestConfig(dg.Config):

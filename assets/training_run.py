@@ -30,19 +30,11 @@ from pipeline.training.record import (
     record_text,
     write_record,
 )
-from pipeline.training.runner import (
-    TrainSummary,
-    hash_checkpoint,
-    progress_key,
-    run_fit,
-    summarize,
-)
+from pipeline.training.runner import OUTCOME, TrainSummary, progress_key, train_once
 from pipeline.training.trainer import REFERENCE_TRAINER, Trainer, load_trainer, trainer_info
-from resources.artifacts import ArtifactStore
-from resources.dagster_resources import BundleStoreResource
-from resources.settings import ChainSettings
-
-OUTCOME = "outcome.json"
+from resources.dagster.artifacts import ArtifactStore
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource
 
 
 def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None = None) -> type:
@@ -83,20 +75,19 @@ def _train_in_process(
     progress_dir: Path,
     log,
 ) -> TrainSummary:
-    checkpoint_dir = out / CHECKPOINT_DIR
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    run = run_fit(
+    summary = train_once(
         trainer,
         index,
         config,
-        output_dir=checkpoint_dir,
+        out,
         num_workers=settings.num_workers,
         log=log,
         progress_dir=progress_dir,
         checkpoint_every=settings.checkpoint_every,
         device=choose_device(settings.device),
     )
-    return summarize(run, hash_checkpoint(checkpoint_dir), 1)
+    assert summary is not None  # rank 0 of 1
+    return summary
 
 
 def _train_torchrun(

@@ -9,7 +9,7 @@ from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.verify import VerifiedSnapshot, check
 from resources.bundle_store import SourceBundle
-from resources.dagster_resources import BundleStoreResource
+from resources.dagster.clients import BundleStoreResource
 
 
 @dg.asset(

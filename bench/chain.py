@@ -200,17 +200,20 @@ def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int)
     from assets import CHAIN_ASSETS
     from assets.training_run import TrainingConfig
     from pipeline.bundle.digest import file_bytes_hashed
-    from tests.helpers.chain import chain_resources
+    from pipeline.defs.definitions import resources_from
+    from resources.settings import LithiEnv
 
     home = work / "home"
     dagster_home = work / f"dagster-ws{world}"
-    resources = chain_resources(
-        work / f"chain-ws{world}",
-        "bench",
+    env = LithiEnv(
+        home=work / f"chain-ws{world}",
         compute_root=home / "compute",
+        compute_executor="inline",
+        job_id="bench",
         world_size=world,
         num_workers=0,
     )
+    resources = resources_from(env)
     # The iterable reader: its memory is one row group per consumer; the map-style reader keeps
     # every part its shuffled share touches decoded (the whole bundle at world size 1).
     training = TrainingConfig(

@@ -1,5 +1,6 @@
-"""The only code that touches the outside: the Compute service, bundle storage, credentials.
+"""What the chain uses from outside the core: Compute clients, bundle storage, credentials.
 
-Plain Python engines live in the submodules; ``resources.dagster_resources`` wraps them as thin
-Dagster ``ConfigurableResource``s.
+The engines are plain Python (``bundle_store``, ``credentials``, ``compute``, and ``settings``
+for the ``LITHI_*`` variables); ``resources.dagster`` wraps them as Dagster resources and holds
+the chain's IO manager.
 """

@@ -2,9 +2,9 @@
 
 :class:`LithiEnv` is the README's configuration table in code: each variable, its type, its
 default. A bad value is refused when the code location loads, in one line that names the
-variable and what was expected (:class:`SettingsError`). :class:`ChainSettings` is the Dagster
-resource the assets and the sensor read; ``pipeline.defs.definitions`` builds it, and the other
-resources, from one :class:`LithiEnv`.
+variable and what was expected (:class:`SettingsError`). No Dagster here:
+:class:`~resources.dagster.chain_settings.ChainSettings` is the Dagster resource the assets and
+the sensor read, built from one :class:`LithiEnv` by ``pipeline.defs.definitions``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import dagster as dg
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.training.device import DeviceError, check_device_setting
 from pipeline.training.trainer import REFERENCE_TRAINER
-from resources.compute.client import ComputeClient, ComputeError, check_job_id
+from resources.compute.client import ComputeError, check_job_id
 from resources.credentials import CredentialRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -202,10 +201,13 @@ def describe(e: ValidationError) -> str:
     return "; ".join(lines)
 
 
-class Policy(dg.Config):
-    """How persistent to be with a PARTIAL job, and whether incomplete data may be trained on."""
+class Policy(BaseModel):
+    """How persistent to be with a PARTIAL job, and whether incomplete data may be trained on.
 
-    model_config = {"frozen": True}
+    Plain data: the sensor's pure decision (``pipeline.defs.partial_policy.decide``) takes it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_attempts: PositiveInt = 3
     base_delay_seconds: Seconds = 5.0
@@ -216,49 +218,3 @@ class Policy(dg.Config):
     def delay_before(self, attempt: int) -> float:
         """Seconds to wait after attempt ``attempt`` turned out PARTIAL before resubmitting."""
         return self.base_delay_seconds * self.backoff ** (attempt - 1)
-
-
-class ChainSettings(dg.ConfigurableResource):
-    """The Compute job(s) the chain follows, how it trains, and the sensor's PARTIAL policy."""
-
-    job_id: str = ""  # empty means the most recently submitted Compute job
-    watch_jobs: str = ""  # comma-separated job ids; empty means just ``job_id``
-    policy: Policy = Policy()
-    credential_ref: str = ""  # registered reference used to download result bundles, if any
-    world_size: PositiveInt = 1  # training ranks: 1 trains in the step's process, >1 torchrun
-    num_workers: NonNegativeInt = 2  # DataLoader worker processes per rank
-    checkpoint_every: NonNegativeInt = 200  # optimizer steps between mid-fit cuts; 0 never
-    torchrun_max_restarts: NonNegativeInt = 1  # torchrun restarts every rank when one dies
-    device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
-
-    @classmethod
-    def from_env(cls, env: LithiEnv) -> ChainSettings:
-        """The settings ``env`` describes."""
-        return cls(
-            job_id=env.job_id,
-            watch_jobs=env.watch_jobs,
-            policy=Policy(
-                max_attempts=env.max_attempts,
-                base_delay_seconds=env.resubmit_delay_seconds,
-                train_on_partial=env.train_on_partial,
-                max_resubmit_retries=env.max_resubmit_retries,
-            ),
-            credential_ref=env.credential_ref,
-            world_size=env.world_size,
-            num_workers=env.num_workers,
-            checkpoint_every=env.checkpoint_every,
-            torchrun_max_restarts=env.torchrun_max_restarts,
-            device=env.device,
-        )
-
-    def resolve_job(self, client: ComputeClient) -> str | None:
-        """The job the chain follows: ``job_id``, else the most recently submitted one."""
-        return self.job_id or client.latest_job()
-
-    def watched_jobs(self, client: ComputeClient) -> list[str]:
-        """The job ids the sensor watches: ``watch_jobs``, else the job the chain follows."""
-        ids = [j.strip() for j in self.watch_jobs.split(",") if j.strip()]
-        if ids:
-            return ids
-        job = self.resolve_job(client)
-        return [job] if job else []

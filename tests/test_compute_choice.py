@@ -9,7 +9,7 @@ from pipeline.defs.definitions import build_definitions
 from pipeline.defs.jobs import CHAIN_JOB_NAME
 from pipeline.defs.sensor import SENSOR_NAME
 from resources.compute.client import ComputeError
-from resources.dagster_resources import ComputeResource
+from resources.dagster.clients import ComputeResource
 from resources.settings import LithiEnv
 from tests.helpers import custom_compute
 

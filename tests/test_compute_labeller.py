@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from resources.compute.labeller import LabellerError, feature_columns, label_table
+from resources.compute.local.labeller import LabellerError, feature_columns, label_table
 
 
 def _ref() -> pa.Table:

@@ -25,10 +25,10 @@ from resources.compute.client import (
     UnknownJob,
 )
 from resources.compute.faults import FaultSpec, lost_items
-from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
-from resources.compute.worker import main as worker_main
-from resources.compute.worker import results_dir, run_attempt
+from resources.compute.local.jobstore import JobStore
+from resources.compute.local.worker import main as worker_main
+from resources.compute.local.worker import results_dir, run_attempt
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import dagster as dg
 from pipeline.bundle.verify import verify
 from pipeline.defs.samples import stage_sample
 from resources.compute.client import JobSpec
-from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 
 
 def test_a_job_runs_through_the_resources_in_dagster(tmp_path, monkeypatch):

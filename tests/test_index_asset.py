@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.disjoint_index import disjoint_index
-from resources.settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings
 from tests.helpers.bundles import make_bundle
 
 

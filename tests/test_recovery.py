@@ -15,12 +15,13 @@ import dagster as dg
 import pytest
 import yaml
 
-from pipeline.defs.demo import start_daemon, stop_daemon, submit_sample_job, wait_for_chain
+from pipeline.defs.daemon import start_daemon, stop_daemon, wait_for_chain
 from pipeline.defs.instance import PROJECT_YAML, prepare_instance
 from pipeline.defs.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME
+from pipeline.defs.samples import submit_sample_job
 from resources.compute.faults import FaultSpec
-from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
+from resources.compute.local.jobstore import JobStore
 
 pytestmark = pytest.mark.integration
 

@@ -6,9 +6,9 @@ from pipeline.defs.jobs import resubmit_job, resubmit_run_config
 from pipeline.defs.sensor import tick as sensor_tick
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.compute.faults import FaultSpec
-from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
-from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.compute.local.jobstore import JobStore
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 from tests.helpers.chain import chain_resources, sample_job
 from tests.helpers.dagster_internals import RUN_KEY_TAG
 

@@ -17,7 +17,7 @@ import pytest
 from assets import CHAIN_ASSETS
 from assets.training_run import TrainingConfig
 from resources.compute.local import LocalCompute
-from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 from tests.helpers import fake_remote
 from tests.helpers.chain import chain_resources
 

@@ -33,9 +33,9 @@ from pipeline.defs.sensor import SENSOR_NAME, compute_partial_sensor
 from pipeline.defs.sensor import tick as sensor_tick
 from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
-from resources.compute.jobstore import JobStore
 from resources.compute.local import LocalCompute
-from resources.dagster_resources import ComputeResource
+from resources.compute.local.jobstore import JobStore
+from resources.dagster.clients import ComputeResource
 from tests.helpers.chain import chain_resources
 
 # The tag names the daemon stamps on sensor runs and dedupes by (dagster/_daemon/sensor.py).

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.defs.definitions import build_definitions, resources_from
-from pipeline.defs.demo import submit_sample_job
+from pipeline.defs.samples import submit_sample_job
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
-from resources.settings import REPO_ROOT, ChainSettings, LithiEnv, SettingsError
+from resources.dagster.chain_settings import ChainSettings
+from resources.settings import REPO_ROOT, LithiEnv, SettingsError
 from tests.helpers.chain import sample_job
 
 

@@ -26,7 +26,7 @@ from pipeline.defs.samples import (
 )
 from resources.compute import worker
 from resources.compute.faults import FaultSpec
-from resources.compute.labeller import fit_centroids, label_by_centroid
+from resources.compute.local.labeller import fit_centroids, label_by_centroid
 from tests.helpers.chain import chain_resources
 
 ITEMS = SYNTHETIC_BATCH + 4_500  # crosses a batch boundary, so batching is exercised

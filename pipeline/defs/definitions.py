@@ -12,14 +12,15 @@ from pipeline.defs.jobs import chain_job, resubmit_job
 from pipeline.defs.schedule import chain_schedule
 from pipeline.defs.sensor import compute_partial_sensor
 from pipeline.training.trainer import TrainerError, load_trainer
-from resources.artifacts import ArtifactStore
-from resources.dagster_resources import (
+from resources.dagster.artifacts import ArtifactStore
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import (
     BundleSourceResource,
     BundleStoreResource,
     ComputeResource,
 )
-from resources.io_manager import ChainIOManager
-from resources.settings import ChainSettings, LithiEnv, SettingsError
+from resources.dagster.io_manager import ChainIOManager
+from resources.settings import LithiEnv, SettingsError
 
 
 def resources_from(env: LithiEnv) -> dict[str, object]:

@@ -10,7 +10,7 @@ from assets import CHAIN_GROUP
 from assets.result_manifest import ResultManifestConfig
 from pipeline.bundle.errors import BundleError
 from resources.compute.client import ComputeError, ComputeUnavailable
-from resources.dagster_resources import BundleStoreResource, ComputeResource
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 
 #: Run statuses after which a run does nothing more.
 FINISHED_RUN_STATUSES = frozenset(

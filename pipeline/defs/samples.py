@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,10 @@ import pyarrow.compute as pc
 from pipeline.bundle.digest import sha256_bytes
 from pipeline.bundle.stage import ROW_GROUP_ROWS, new_version_id, stage
 from pipeline.bundle.verify import VerifiedSnapshot
-from resources.compute.labeller import REFERENCE_LABEL_COLUMN
+from resources.compute.client import JobSpec
+from resources.compute.faults import FaultSpec
+from resources.compute.local import LocalCompute
+from resources.compute.local.labeller import REFERENCE_LABEL_COLUMN
 
 
 @dataclass(frozen=True)
@@ -282,3 +286,40 @@ def stage_sample(
             )
         )
     return out[0], out[1]
+
+
+def submit_sample_job(
+    sample: str,
+    home: Path,
+    faults: FaultSpec,
+    *,
+    compute_root: Path | None = None,
+    job_id: str | None = None,
+    executor: str = "subprocess",
+    items: int | None = None,
+) -> tuple[str, LocalCompute]:
+    """Stage a sample's input and reference bundles and submit a labelling job over them.
+
+    The bundles are staged under ``home/inputs``; the job runs on the local Compute at
+    ``compute_root`` (default ``home/compute``). The synthetic sample (``items`` of them) is
+    labelled by the centroid labeller, whose cost is linear in the items, in large parts.
+    """
+    inp, ref = stage_sample(sample, home / "inputs", items=items)
+    scale = (
+        {"labeller": "centroid", "rows_per_part": SYNTHETIC_ROWS_PER_PART}
+        if sample == SYNTHETIC
+        else {}
+    )
+    compute = LocalCompute(compute_root or home / "compute", executor)  # type: ignore[arg-type]
+    job_id = job_id or f"{sample}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    compute.submit(
+        JobSpec(
+            input_url=str(inp.root),
+            reference_url=str(ref.root),
+            job_id=job_id,
+            idempotency_key=job_id,
+            faults=faults,
+            **scale,
+        )
+    )
+    return job_id, compute

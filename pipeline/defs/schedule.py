@@ -17,8 +17,9 @@ from pipeline.defs.jobs import CHAIN_JOB_NAME, FINISHED_RUN_STATUSES, chain_job
 from pipeline.defs.partial_policy import Action
 from pipeline.defs.sensor import run_request_for
 from resources.compute.client import ComputeError, ComputeUnavailable
-from resources.dagster_resources import ComputeResource
-from resources.settings import ChainSettings, SettingsError
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import ComputeResource
+from resources.settings import SettingsError
 
 SCHEDULE_NAME = "compute_chain_schedule"
 

@@ -26,8 +26,8 @@ from pipeline.defs.jobs import (
 from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, decide
 from resources.bundle_store import BundleStore
 from resources.compute.client import ComputeClient, ComputeError, ComputeUnavailable
-from resources.dagster_resources import BundleStoreResource, ComputeResource
-from resources.settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource, ComputeResource
 
 SENSOR_NAME = "compute_partial_sensor"
 

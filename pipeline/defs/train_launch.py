@@ -28,23 +28,18 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.readers.index import Index, IndexMismatch
 from pipeline.training.device import choose_device, process_group_backend
-from pipeline.training.record import CHECKPOINT_DIR
-from pipeline.training.runner import hash_checkpoint, run_fit, summarize
+from pipeline.training.runner import train_once
 from pipeline.training.trainer import load_trainer
 from resources.bundle_store import BundleStore
-
-OUTCOME = "outcome.json"
 
 
 def _init_process_group(device: torch.device) -> None:
@@ -123,19 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         # What every rank hashed to verify its input, summed: the cost of the launch itself.
         hashed = torch.tensor([file_bytes_hashed()], dtype=torch.int64)
         dist.all_reduce(hashed)
-        trainer = load_trainer(args.trainer)
-        checkpoint_dir = Path(args.out) / CHECKPOINT_DIR
-        if rank == 0 and checkpoint_dir.exists() and not (Path(args.out) / OUTCOME).exists():
-            # What an attempt torchrun restarted us after left half-done; the fit resumes from
-            # its last mid-fit cut and writes the checkpoint afresh.
-            shutil.rmtree(checkpoint_dir)
-        dist.barrier()
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        run = run_fit(
-            trainer,
+        summary = train_once(
+            load_trainer(args.trainer),
             index,
             json.loads(args.config),
-            output_dir=checkpoint_dir,
+            Path(args.out),
             rank=rank,
             world_size=world,
             num_workers=args.num_workers,
@@ -144,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_every=args.checkpoint_every,
             device=device,
         )
-        dist.barrier()  # rank 0 hashes the checkpoint only once every rank has finished fit
-        if rank == 0:
-            summary = summarize(run, hash_checkpoint(checkpoint_dir), world)
-            atomic_write_text(Path(args.out) / OUTCOME, summary.model_dump_json(indent=2))
+        if summary is not None:  # rank 0
             if pipes is not None:
                 pipes.report_asset_materialization(
                     metadata={

@@ -19,11 +19,11 @@ from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.manifest import SnapshotId
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import ReconcileReport
-from pipeline.training.runner import CheckpointFiles, Resume
+from pipeline.training.runner import CHECKPOINT_DIR, CheckpointFiles, Resume
 from pipeline.training.trainer import FeatureSet, TrainerInfo
 
 RECORD_NAME = "record.json"
-CHECKPOINT_DIR = "checkpoint"
+__all__ = ["CHECKPOINT_DIR", "RECORD_NAME", "OutputRecord", "TrainedModel", "TrainingRecord"]
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -10,20 +10,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
 from pipeline.training.memory import bound_heap_growth
 from pipeline.training.progress import Progress
 from pipeline.training.trainer import FeatureSet, FitContext, FitResult, Trainer, TrainerError
+
+#: The trainer's files, under a run's folder: exactly what the checkpoint digest covers.
+CHECKPOINT_DIR = "checkpoint"
+#: The finished run's :class:`TrainSummary`, beside the checkpoint, written last by rank 0.
+OUTCOME = "outcome.json"
 
 
 class CheckpointFiles(BaseModel):
@@ -128,6 +136,57 @@ def run_fit(
         )
     progress.clear()
     return FitRun(result, report, ctx.passes.completed, resumed, ctx.device.type)
+
+
+def train_once(
+    trainer: Trainer,
+    index: Index,
+    config: Any,
+    out: Path,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 0,
+    log: Callable[[str], None] = print,
+    progress_dir: Path | None = None,
+    checkpoint_every: int = 0,
+    device: torch.device | str = "cpu",
+) -> TrainSummary | None:
+    """One training run into ``out``, the same in a Dagster step and on every torchrun rank.
+
+    The trainer writes into ``out/checkpoint``; once every rank has finished ``fit``, rank 0
+    hashes the checkpoint and writes ``out/outcome.json`` (the :class:`TrainSummary`), last, and
+    returns the summary; the other ranks return ``None``. A collective when ``world_size > 1``.
+    A checkpoint folder without an outcome is what an attempt killed mid-fit left: it is cleared,
+    and the fit resumes from its last mid-fit cut and writes the checkpoint afresh.
+    """
+    out = Path(out)
+    checkpoint_dir = out / CHECKPOINT_DIR
+    if rank == 0 and checkpoint_dir.exists() and not (out / OUTCOME).exists():
+        shutil.rmtree(checkpoint_dir)
+    if world_size > 1:
+        dist.barrier()  # no rank writes into the folder rank 0 is clearing
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    run = run_fit(
+        trainer,
+        index,
+        config,
+        output_dir=checkpoint_dir,
+        rank=rank,
+        world_size=world_size,
+        num_workers=num_workers,
+        log=log,
+        progress_dir=progress_dir,
+        checkpoint_every=checkpoint_every,
+        device=device,
+    )
+    if world_size > 1:
+        dist.barrier()  # rank 0 hashes the checkpoint only once every rank has finished fit
+    if rank != 0:
+        return None
+    summary = summarize(run, hash_checkpoint(checkpoint_dir), world_size)
+    atomic_write_text(out / OUTCOME, summary.model_dump_json(indent=2))
+    return summary
 
 
 def progress_key(

@@ -15,14 +15,15 @@ import dagster as dg
 
 from assets.training_run import TrainingConfig
 from pipeline.defs.definitions import build_definitions
-from pipeline.defs.demo import submit_sample_job
 from pipeline.defs.jobs import CHAIN_JOB_NAME, RESUBMIT_JOB_NAME, chain_run_config
+from pipeline.defs.samples import submit_sample_job
 from pipeline.defs.sensor import SENSOR_NAME
-from resources.artifacts import ArtifactStore
 from resources.compute.faults import FaultSpec
-from resources.dagster_resources import BundleStoreResource, ComputeResource
-from resources.io_manager import ChainIOManager
-from resources.settings import REPO_ROOT, ChainSettings, Policy
+from resources.dagster.artifacts import ArtifactStore
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource, ComputeResource
+from resources.dagster.io_manager import ChainIOManager
+from resources.settings import REPO_ROOT
 
 #: The chain's edges: the versions Compute published feed the manifest read, each link feeds the
 #: next, and the output bundle also names its training run.
@@ -48,9 +49,8 @@ def chain_resources(
 
     ``compute_root`` points at a shared, already-labelled Compute (default ``home/compute``);
     the cache and artifacts are always the test's own. ``settings`` are :class:`ChainSettings`
-    fields or :class:`Policy` fields.
+    fields (the PARTIAL policy's among them).
     """
-    policy = {k: settings.pop(k) for k in list(settings) if k in Policy.model_fields}
     store = BundleStoreResource(cache_dir=str(home / "cache"))
     artifacts = ArtifactStore(root=str(home / "artifacts"))
     return {
@@ -60,7 +60,6 @@ def chain_resources(
         "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
         "chain_settings": ChainSettings(
             job_id=job_id,
-            policy=Policy(**policy),
             **{"world_size": 1, "num_workers": 0, **settings},
         ),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),

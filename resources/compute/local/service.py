@@ -3,8 +3,9 @@
 Jobs run over staged input bundles and publish result bundles in format v1 under
 ``root/results/<job_id>/<version_id>/``. Job state lives in ``root/jobs/<job_id>/job.json``, so
 the Dagster daemon, run workers and the job processes themselves all see the same jobs. With
-``executor="subprocess"`` each attempt runs as a detached ``python -m resources.compute.worker``
-process (its output in the job directory); ``"inline"`` runs it synchronously, for tests.
+``executor="subprocess"`` each attempt runs as a detached process
+(``python -m resources.compute.local.worker``, its output in the job directory); ``"inline"``
+runs it synchronously, for tests.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from resources.compute.client import (
     UnknownJob,
     check_job_id,
 )
-from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore, pid_alive
-from resources.compute.worker import results_dir, run_attempt
+from resources.compute.local.jobstore import AttemptRecord, JobRecord, JobStore, pid_alive
+from resources.compute.local.worker import results_dir, run_attempt
 from resources.credentials import CredentialError, CredentialRegistry
 
 Executor = Literal["subprocess", "inline"]
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]  # holds the resources package
 _RUNNING = ("QUEUED", "RUNNING")
 
 
@@ -175,7 +176,7 @@ class LocalCompute(ComputeClient):
                 [
                     self.python,
                     "-m",
-                    "resources.compute.worker",
+                    "resources.compute.local.worker",
                     str(self.root),
                     job_id,
                     str(number),

@@ -30,9 +30,9 @@ from pipeline.bundle.manifest import SnapshotId
 from pipeline.bundle.verify import VerifiedSnapshot
 from pipeline.readers.index import Index
 from pipeline.training.record import RECORD_NAME, TrainedModel, TrainingRecord, read_record
-from resources.artifacts import ArtifactStore
 from resources.bundle_store import BundleStore, SourceBundle
-from resources.dagster_resources import BundleStoreResource
+from resources.dagster.artifacts import ArtifactStore
+from resources.dagster.clients import BundleStoreResource
 
 REF_NAME = "output.json"
 INDEX_NAME = "index.parquet"

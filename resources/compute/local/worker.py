@@ -1,4 +1,4 @@
-"""Run one attempt of a local Compute job: ``python -m resources.compute.worker ROOT JOB ATTEMPT``.
+"""Run one attempt of a local Compute job (``python -m resources.compute.local.worker ROOT JOB N``).
 
 This is what a detached job process executes (and what the inline executor calls directly). It
 fetches the input and reference bundles through the bundle store, labels the attempt's items,
@@ -28,8 +28,8 @@ from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.bundle_store import BundleStore
 from resources.compute.client import FINAL_STATES, ComputeError, check_job_id, utc_now
 from resources.compute.faults import failed_items, lost_blocks, lost_items
-from resources.compute.jobstore import AttemptRecord, JobRecord, JobStore
-from resources.compute.labeller import make_labeller
+from resources.compute.local.jobstore import AttemptRecord, JobRecord, JobStore
+from resources.compute.local.labeller import make_labeller
 from resources.credentials import CredentialRegistry
 
 
@@ -264,7 +264,7 @@ def _compute_in_memory(
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a detached job process; the exit code says whether the attempt finished."""
     args = sys.argv[1:] if argv is None else argv
-    usage = "usage: python -m resources.compute.worker ROOT JOB_ID ATTEMPT"
+    usage = "usage: python -m resources.compute.local.worker ROOT JOB_ID ATTEMPT"
     if len(args) != 3 or not args[2].isdigit():
         print(usage, file=sys.stderr)
         return 2
