@@ -4,9 +4,9 @@ For every ``--items N`` it stages the synthetic sample (``pipeline.defs.samples`
 the local Compute (the linear-cost centroid labeller), then materializes each chain asset in turn
 on a persisted SQLite instance, once per ``--world-sizes`` value (1: training in the step's
 process; 2: two real torchrun ranks through Dagster Pipes, as the chain does it). Every step runs
-in a fresh child process, so its peak RSS is its own (``ru_maxrss`` of the child, and of its
-children: the torchrun ranks); bytes hashed come from ``file_bytes_hashed()`` in that process
-(plus what the torchrun ranks report through Pipes).
+in a fresh child process, so its peak RSS is its own (sampled from ``/proc`` for the child and
+its descendants, the torchrun ranks: see ``TreeMemory``); bytes hashed come from
+``file_bytes_hashed()`` in that process (plus what the torchrun ranks report through Pipes).
 
 Limits are rates measured in this same run, on this same bundle, after the steps (page cache
 warm, as the steps found it):
@@ -14,7 +14,8 @@ warm, as the steps found it):
 * ``sha256``: the project's parallel file hashing (two threads here) over the result parts;
 * ``decode``: ``pq.read_table`` of every column of the result parts, and of the id column alone;
 * ``write``: ``pq.write_table`` of the result rows (the staging writer's codec and row groups);
-* ``loader``: one pass of the map-style reader with the training batch size and no model.
+* ``loader``: one pass of the iterable reader (the one prediction uses) with the training batch
+  size and no model.
 
 A step's limit is the time those would take for the work the step must do (e.g. verify: hash
 every byte + decode the ids). ``x limit`` is wall / limit (1.0 = at the limit). With several

@@ -7,7 +7,9 @@ from its subpackages, each of which says its dependencies:
   pydantic only, no torch);
 - :mod:`pipeline.readers` — a verified snapshot to torch batches: index, split, datasets, loader,
   reconcile;
-- :mod:`pipeline.training` — the reference trainer (pure torch, no Dagster);
+- :mod:`pipeline.training` — the trainer interface, the pipeline's side of a run, devices and
+  the reference trainer (pure torch, no Dagster);
 - :mod:`pipeline.cli` — ``lithi-bundle``;
-- :mod:`pipeline.defs` — the only part that imports Dagster: definitions, jobs, sensor, demo.
+- :mod:`pipeline.defs` — the Dagster wiring: definitions, jobs, sensor, schedule, the partial
+  policy, the instance, the torchrun launch, the daemon harness, the demo and its samples.
 """

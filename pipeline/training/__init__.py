@@ -12,7 +12,13 @@ from pipeline.training.device import (
     to_device,
 )
 from pipeline.training.record import OutputRecord, TrainedModel, TrainingRecord, read_record
-from pipeline.training.runner import CheckpointFiles, TrainSummary, hash_checkpoint, run_fit
+from pipeline.training.runner import (
+    CheckpointFiles,
+    TrainSummary,
+    hash_checkpoint,
+    run_fit,
+    train_once,
+)
 from pipeline.training.trainer import (
     REFERENCE_TRAINER,
     FeatureSet,
@@ -51,5 +57,6 @@ __all__ = [
     "read_record",
     "run_fit",
     "to_device",
+    "train_once",
     "trainer_info",
 ]

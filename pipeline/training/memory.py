@@ -4,10 +4,10 @@ Every batch allocates large temporaries (features, activations: hundreds of KB e
 a few small objects for the whole pass (the Arrow arrays of ids and statuses the pipeline tallies
 and the predictions collect). glibc serves large blocks with ``mmap`` until a freed one raises its
 dynamic threshold; from then on they come from the heap, the small survivors land between them,
-and the heap can never shrink: measured at 10^7 items, prediction grew to 6.5 GB resident for
-~0.6 GB of live data, by ~650 bytes per item. A fixed threshold (which also turns the dynamic
-adjustment off, see ``mallopt(3)``) keeps every large block in its own mapping, returned on free:
-the same loop stayed at its live data. Elsewhere than glibc this does nothing.
+and the heap can never shrink: a pass over millions of items then holds many times its live data
+(docs/performance.md, "Why, step by step", memory). A fixed threshold (which also turns the
+dynamic adjustment off, see ``mallopt(3)``) keeps every large block in its own mapping, returned
+on free, so the same loop stays at its live data. Elsewhere than glibc this does nothing.
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import importlib
 import importlib.metadata
 import inspect
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,12 +310,11 @@ def load_trainer(path: str) -> Trainer:
     if not sep or not module_name or not attr:
         raise TrainerError(f"trainer {path!r}: expected 'package.module:ClassName'")
     try:
-        module = importlib.import_module(module_name)
+        obj = pkgutil.resolve_name(path)
     except ImportError as e:
         raise TrainerError(f"trainer {path!r}: cannot import {module_name!r} ({e})") from None
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise TrainerError(f"trainer {path!r}: module {module_name!r} has no {attr!r}")
+    except AttributeError:
+        raise TrainerError(f"trainer {path!r}: module {module_name!r} has no {attr!r}") from None
     if inspect.isclass(obj) and issubclass(obj, Trainer):
         return obj()
     if isinstance(obj, Trainer):

@@ -7,8 +7,8 @@ variable NAMES, resolved at download time.
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import pkgutil
 from pathlib import Path
 from typing import Literal
 
@@ -54,9 +54,11 @@ def load_client(path: str) -> ComputeClient:
     """Construct the :class:`ComputeClient` subclass at ``package.module:Class`` (no arguments)."""
     module_name, sep, attr = path.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr, None) if sep else None
+        cls = pkgutil.resolve_name(path) if sep and module_name and attr else None
     except ImportError as e:
         raise ComputeError(f"Compute client {path!r}: cannot import {module_name!r} ({e})") from e
+    except AttributeError:
+        cls = None
     if not (inspect.isclass(cls) and issubclass(cls, ComputeClient)):
         raise ComputeError(
             f"Compute client {path!r}: expected 'package.module:Class' naming a subclass of "
