@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.defs import demo, samples
+from pipeline.defs import samples
 from pipeline.readers.index import Index
 from pipeline.training.runner import TrainSummary, hash_checkpoint
 from pipeline.training.trainer import REFERENCE_TRAINER
@@ -52,7 +52,7 @@ def node_command(node_rank: int, port: int, launch_args: list[str]) -> list[str]
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_torchrun_nodes_train_and_reconcile_exactly_once(tmp_path):
-    job_id, compute = demo.submit_sample_job(
+    job_id, compute = samples.submit_sample_job(
         samples.SYNTHETIC, tmp_path, FaultSpec(), job_id="multinode", executor="inline", items=ITEMS
     )
     cache = tmp_path / "cache"

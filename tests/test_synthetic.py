@@ -24,8 +24,8 @@ from pipeline.defs.samples import (
     synthetic_classes,
     synthetic_ids,
 )
-from resources.compute import worker
 from resources.compute.faults import FaultSpec
+from resources.compute.local import LocalCompute, worker
 from resources.compute.local.labeller import fit_centroids, label_by_centroid
 from tests.helpers.chain import chain_resources
 
@@ -93,7 +93,7 @@ def test_stage_synthetic_writes_verified_bundles_in_parts(tmp_path):
 def labelled(tmp_path_factory):
     """A healthy synthetic job, labelled inline by the local Compute (centroid labeller)."""
     home = tmp_path_factory.mktemp("synthetic")
-    job_id, compute = demo.submit_sample_job(
+    job_id, compute = samples.submit_sample_job(
         samples.SYNTHETIC, home, FaultSpec(), job_id="syn-t", executor="inline", items=ITEMS
     )
     return home, job_id, compute
@@ -122,7 +122,7 @@ def test_local_compute_labels_every_item_streaming(labelled, monkeypatch, tmp_pa
         worker, "_read_table", lambda snap: read_whole.append(snap.identity) or real(snap)
     )
     spec = compute.jobs.load(job_id).spec
-    again = demo.LocalCompute(tmp_path / "compute", "inline")
+    again = LocalCompute(tmp_path / "compute", "inline")
     again.submit(spec.model_copy(update={"job_id": "syn-again", "idempotency_key": None}))
     assert again.status("syn-again").state == "SUCCEEDED"
     ref_id = verify(spec.reference_url).identity
@@ -131,7 +131,7 @@ def test_local_compute_labels_every_item_streaming(labelled, monkeypatch, tmp_pa
 
 def test_a_faulty_synthetic_job_still_goes_partial(tmp_path):
     """Faults that choose items from the whole id set still work (the in-memory path)."""
-    job_id, compute = demo.submit_sample_job(
+    job_id, compute = samples.submit_sample_job(
         samples.SYNTHETIC,
         tmp_path,
         FaultSpec(lose_fraction=0.1, fail_item_fraction=0.02),
