@@ -22,15 +22,17 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -m pipeline.defs.demo
 
-## The whole test suite, linters first (ruff, then the import layering).
+## The whole test suite, linters first (ruff, then the import layering): both tiers. On a slow
+## or busy machine, LITHI_TEST_TIME_SCALE=2 (or more) stretches every time limit in the tests.
 test: $(STAMP) browser lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "integration or not integration"
 
-## The inner loop: everything but the `integration` tests (real daemons, torchrun, browsers), and
-## fewer Hypothesis examples. `make test` is what CI runs.
+## The inner loop: everything but tests/integration/ (real daemons, torchrun, browsers, SIGKILLed
+## children), which pytest's addopts deselect, and fewer Hypothesis examples. `make test` is what
+## CI runs.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -q -m "not integration"
+	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -q
 
 ## Chromium from Debian for the browser test (skipped with a loud reason where it cannot start).
 browser:
@@ -40,10 +42,12 @@ browser:
 	      || echo "WARNING: could not install chromium; the browser test will say so"; \
 	  else echo "WARNING: chromium not installed and not root; the browser test will say so"; fi; }
 
+## Linters: ruff, the import layering, and mypy over the paths in pyproject's [tool.mypy] files.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 ## The Dagster UI on the demo's instance (created and migrated once first, never raced).
 ui: $(STAMP)

@@ -65,14 +65,16 @@ def observation(
     key=KEY,
     group_name=CHAIN_GROUP,
     tags={"dagster/kind/json": ""},  # what ``kinds`` writes; this decorator takes tags only
+    # this decorator does not read the function's docstring: the asset's description is here
+    description="Every result version the Compute jobs published, PARTIAL ones included: one "
+    "observation per version, recorded by the sensor as it sees it, with counts by status, "
+    "content digest, parent, outstanding items and what changed since the parent. Observing "
+    "it by hand records the latest version of each watched job.",
 )
 def compute_versions(
     compute: ComputeResource, bundle_store: BundleStoreResource, chain_settings: ChainSettings
 ) -> dg.ObserveResult:
-    """Every result version the Compute jobs published, PARTIAL ones included: one observation
-    per version, recorded by the sensor as it sees it, with counts by status, content digest,
-    parent, outstanding items and what changed since the parent. Observing it by hand records the
-    latest version of the watched job (the first one if several are watched)."""
+    """Observe the latest version of the watched job (the first one if several are watched)."""
     client = compute.client()
     jobs = chain_settings.watched_jobs(client)
     if not jobs:

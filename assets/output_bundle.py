@@ -7,15 +7,24 @@ import pyarrow as pa
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from pipeline.bundle.errors import BundleError
 from pipeline.bundle.manifest import InputRef
 from pipeline.bundle.stage import new_version_id, stage
 from pipeline.bundle.verify import VerifiedSnapshot, check
-from pipeline.training.record import OutputRecord, TrainedModel, write_record
+from pipeline.training.record import (
+    CHECKPOINT_DIR,
+    RECORD_NAME,
+    OutputRecord,
+    TrainedModel,
+    write_record,
+)
 from resources.dagster.artifacts import ArtifactStore
 from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource
 
 VERIFIES = "output_bundle_verifies"
+#: The training run's record, as published beside its checkpoint (``record.json`` is this asset's)
+TRAINING_RECORD = "training-record.json"
 
 
 @dg.asset(
@@ -31,7 +40,10 @@ def output_bundle(
 ) -> dg.Output[VerifiedSnapshot]:
     """The prediction table staged as an immutable bundle (kind prediction) whose input is the
     training snapshot, published into the bundle store; a record beside it binds the bundle to
-    the training record (snapshot, index digest, checkpoint digest)."""
+    the training record (snapshot, index digest, checkpoint digest). With ``LITHI_PUBLISH_URL``
+    the bundle is also uploaded to ``<publish_url>/<version_id>/`` (parts first, manifest last)
+    and the training artifacts to ``<publish_url>/<version_id>.training/`` (the checkpoint, the
+    training record, then this record, last)."""
     training = training_run.record
     store = bundle_store.store()
     version = new_version_id("prediction")
@@ -48,6 +60,20 @@ def output_bundle(
         ),
     )
     published = store.publish(staged)
+    base = chain_settings.publish_url.rstrip("/")
+    ref = chain_settings.publish_credential_ref or None
+    remote = None
+    if base:
+        url = f"{base}/{version}"
+        try:
+            remote = store.upload(published, url, credential_ref=ref)
+        except (BundleError, OSError, ValueError, ImportError) as e:  # refused, unreachable
+            raise dg.Failure(f"output bundle {version} could not be published to {url}: {e}") from e
+        context.log.info(
+            f"published {version} to {url}: {remote.files_uploaded} files uploaded, "
+            f"{remote.files_present} already there"
+        )
+    training_url = f"{base}/{version}.training" if base else None
     record_path = write_record(
         artifacts.directory(context),
         OutputRecord(
@@ -55,8 +81,26 @@ def output_bundle(
             bundle_path=str(published.root),
             training_record=str(training_run.record_path),
             training=training,
+            published_url=remote.url if remote else None,
+            published_training_url=training_url,
         ),
     )
+    if training_url:
+        checkpoint = training.checkpoint.files
+        files = {f"{CHECKPOINT_DIR}/{rel}": training_run.checkpoint_dir / rel for rel in checkpoint}
+        files |= {TRAINING_RECORD: training_run.record_path, RECORD_NAME: record_path}
+        try:
+            store.upload_files(
+                files,
+                training_url,
+                last=RECORD_NAME,
+                digests={f"{CHECKPOINT_DIR}/{rel}": sha for rel, sha in checkpoint.items()},
+                credential_ref=ref,
+            )
+        except (BundleError, OSError, ValueError, ImportError) as e:  # refused, unreachable
+            raise dg.Failure(
+                f"the training artifacts of {version} could not be published to {training_url}: {e}"
+            ) from e
     context.log.info(
         f"staged {published.identity.version_id} ({published.identity.content_sha256})"
     )
@@ -70,6 +114,8 @@ def output_bundle(
             "checkpoint_sha256": md.digest(training.checkpoint.sha256),
             "record": dg.MetadataValue.path(str(record_path)),
             "training_record": dg.MetadataValue.path(str(training_run.record_path)),
+            **({"published_url": dg.MetadataValue.url(remote.url)} if remote else {}),
+            **({"published_training_url": dg.MetadataValue.url(training_url)} if base else {}),
         },
         data_version=dg.DataVersion(published.identity.content_sha256),
     )
@@ -85,7 +131,8 @@ def output_bundle_verifies(
     output_bundle: Path, training_run: TrainedModel, bundle_store: BundleStoreResource
 ) -> dg.AssetCheckResult:
     """Re-check the published bundle independently of the step that wrote it."""
-    manifest, errors, stats = check(output_bundle, trusted=bundle_store.store().trusted)
+    result = check(output_bundle, trusted=bundle_store.store().trusted)
+    manifest, errors, stats = result.manifest, result.errors, result.stats
     names_input = (
         manifest is not None
         and manifest.input is not None

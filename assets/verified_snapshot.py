@@ -33,11 +33,12 @@ def verified_snapshot(
         fetched = store.fetch(source.url, credential_ref=source.credential_ref)
     except BundleError as e:
         raise dg.Failure(f"bundle at {source.url} could not be fetched: {e}") from e
-    manifest, errors, stats = check(fetched.path, trusted=store.trusted)
-    violations = [f"{type(e).__name__}: {e}" for e in errors]
-    if errors:
+    result = check(fetched.path, trusted=store.trusted)
+    violations = [f"{type(e).__name__}: {e}" for e in result.errors]
+    if not result.ok:
         raise dg.Failure(f"bundle {fetched.path} does not verify:\n" + "\n".join(violations))
-    assert manifest is not None and stats is not None
+    snapshot = result.verified()
+    manifest, stats = snapshot.manifest, snapshot.stats
     if manifest.snapshot != source.manifest.snapshot:
         raise dg.Failure(
             f"the fetched bundle is {manifest.snapshot}, but result_manifest read "
@@ -49,7 +50,7 @@ def verified_snapshot(
         f"({fetched.files_downloaded} files downloaded, {fetched.files_reused} reused from cache)"
     )
     return dg.Output(
-        VerifiedSnapshot(root=fetched.path.resolve(), manifest=manifest, stats=stats),
+        snapshot,
         metadata={
             **md.identity("snapshot", manifest.snapshot),
             **md.counts(manifest),
@@ -75,13 +76,13 @@ def manifest_binds_every_file(
     verified_snapshot: Path, bundle_store: BundleStoreResource
 ) -> dg.AssetCheckResult:
     """Verify the cached bundle view again, listing every violation found."""
-    manifest, errors, stats = check(verified_snapshot, trusted=bundle_store.store().trusted)
-    violations = [f"{type(e).__name__}: {e}" for e in errors]
+    result = check(verified_snapshot, trusted=bundle_store.store().trusted)
+    violations = [f"{type(e).__name__}: {e}" for e in result.errors]
     return dg.AssetCheckResult(
-        passed=not errors,
+        passed=result.ok,
         metadata={
-            "violations": len(errors),
+            "violations": len(result.errors),
             "details": "\n".join(violations) or "none",
-            "bytes_hashed": stats.bytes_hashed if stats else 0,
+            "bytes_hashed": result.stats.bytes_hashed if result.stats else 0,
         },
     )

@@ -62,7 +62,7 @@ from pipeline.training.features import (  # noqa: E402
     fit_spec,
     to_features,
 )
-from pipeline.training.fit import ReferenceConfig, row_loss, step_tensors  # noqa: E402
+from pipeline.training.fit import ReferenceConfig, step_tensors, train_step  # noqa: E402
 from pipeline.training.model import MLP  # noqa: E402
 
 ID_FIELD = "item_id"
@@ -208,17 +208,6 @@ def model_and_optimizer(spec: FeatureSpec, hidden: int, config: ReferenceConfig,
     return model, torch.optim.Adam(model.parameters(), lr=config.learning_rate)
 
 
-def step(model, opt, x, y, w, sums: torch.Tensor, config: ReferenceConfig) -> None:
-    """The reference trainer's step after ``step_tensors``; the sums stay on the device."""
-    per_row = row_loss(model(x), y, config.task).float()
-    loss = (per_row * w).sum() / w.sum().clamp(min=1e-8)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    sums[0] += (per_row * w).sum().detach().double()
-    sums[1] += w.sum().double()
-
-
 def host_waits(model, opt, sample: dict, spec: FeatureSpec, config, index: Index, device):
     """Where one reference step makes the host wait for the GPU (CUDA's sync debug mode): each
     such wait drains the queue, so the next batch's host work cannot overlap this step's."""
@@ -228,7 +217,7 @@ def host_waits(model, opt, sample: dict, spec: FeatureSpec, config, index: Index
         torch.cuda.set_sync_debug_mode("warn")
         try:
             x, y, w = step_tensors(sample, spec, config, index.id_field, index.is_result, device)
-            step(model, opt, x, y, w, sums, config)
+            train_step(model, opt, x, y, w, sums, config)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     sync(device)  # the step's own work, not the next measurement's
@@ -248,7 +237,7 @@ def compute_seconds(
     sync(device)
     t = time.perf_counter()
     for _ in range(steps):
-        step(model, opt, to_features(resident, spec), y, w, sums, config)
+        train_step(model, opt, to_features(resident, spec), y, w, sums, config)
     sync(device)
     return time.perf_counter() - t
 
@@ -265,7 +254,7 @@ def train_epoch(
     for batch in loader:
         tally.update(batch)
         x, y, w = step_tensors(batch, spec, config, index.id_field, index.is_result, device)
-        step(model, opt, x, y, w, sums, config)
+        train_step(model, opt, x, y, w, sums, config)
         steps += 1
     sync(device)
     seconds = time.perf_counter() - t

@@ -43,21 +43,21 @@ from pipeline.bundle.manifest import InputRef, JobInfo  # noqa: E402
 from pipeline.bundle.stage import stage  # noqa: E402
 from pipeline.bundle.verify import verify  # noqa: E402
 from pipeline.readers import MapDataset, OwnerSampler, collate_batches  # noqa: E402
-from pipeline.readers.datasets import coded_columns  # noqa: E402
 from pipeline.readers.index import Index  # noqa: E402
 from pipeline.readers.loader import (  # noqa: E402
     ReaderLoader,
+    _auto_transfer,
     _cut,
-    auto_transfer,
     make_loader,
     set_epoch,
 )
+from pipeline.readers.map_style import coded_columns  # noqa: E402
 from pipeline.readers.tensors import to_batch, wire_to_batch  # noqa: E402
 
 OUT = Path(__file__).with_name("out")
 BATCH = 256
 WORKERS = 2
-TRANSFER = auto_transfer(BATCH)  # make_loader's default batches per worker message
+TRANSFER = _auto_transfer(BATCH)  # make_loader's default batches per worker message
 FEATURES = 64
 STATUSES = np.array(["accepted", "failed", "abstained"])
 
@@ -145,8 +145,7 @@ def bare_rate(loader: ReaderLoader) -> float:
     """rows/s of the same inner DataLoader, finished and cut by hand without any counting."""
     t = time.perf_counter()
     rows = 0
-    for item in loader.loader:
-        wire = item[1] if isinstance(item, tuple) else item
+    for _, wire in loader.loader:  # (worker tag, wire batch)
         big = wire_to_batch(wire)
         for b in _cut(big, BATCH, len(big["item_id"])):
             rows += len(b["item_id"])
@@ -176,7 +175,7 @@ def bookkeeping_seconds(index: Index) -> tuple[float, float]:
     loader = make_loader(
         index, style="map", batch_size=BATCH, num_workers=0, transfer_batches=TRANSFER
     )
-    bigs = [wire_to_batch(w) for w in loader.loader]
+    bigs = [wire_to_batch(w) for _, w in loader.loader]
     with_, without = [], []
     for _ in range(5):
         t = time.perf_counter()
@@ -185,8 +184,9 @@ def bookkeeping_seconds(index: Index) -> tuple[float, float]:
                 pass
         without.append(time.perf_counter() - t)
         t = time.perf_counter()
-        for _b in loader._batches(iter(bigs)):
-            pass
+        for big in bigs:
+            for _b in loader._deliver(0, big):
+                pass
         with_.append(time.perf_counter() - t)
     return min(with_), min(without)
 

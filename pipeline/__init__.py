@@ -5,8 +5,8 @@ from its subpackages, each of which says its dependencies:
 
 - :mod:`pipeline.bundle` — the on-disk contract: format, manifest, stage, verify (pyarrow and
   pydantic only, no torch);
-- :mod:`pipeline.readers` — a verified snapshot to torch batches: index, split, datasets, loader,
-  reconcile;
+- :mod:`pipeline.readers` — a verified snapshot to torch batches: index, split, the datasets and
+  sampler, loader, reconcile;
 - :mod:`pipeline.training` — the trainer interface, the pipeline's side of a run, devices and
   the reference trainer (pure torch, no Dagster);
 - :mod:`pipeline.cli` — ``lithi-bundle``;

@@ -7,16 +7,34 @@ and a ledger entry records that it was hashed on arrival. A bundle is then mater
 older one already had costs only its new parts in download and in hashing: :meth:`trusted` lets
 ``pipeline.bundle.verify.verify`` skip files that are provably the verified objects.
 
+A download cannot lie. The manifest is read first and again last: a bundle whose manifest
+changed while its files arrived is refused (:class:`ManifestChanged`), and no view of it is made.
+Files arrive in parallel, each streamed in reads of ``chunk_bytes`` (memory stays bounded by
+workers x chunk, whatever the part sizes) into ``incoming/<sha256>``, a name the cache never
+trusts; only a file whose size and sha256 match the manifest is renamed into ``objects/``. A fetch
+that dies mid-file leaves its partial file there, and the next fetch continues it from where it
+stopped with a ranged read (the whole file is hashed once complete, so a stale or damaged prefix
+is caught and the file is fetched once more from the start); a file whose bytes do not match is
+refused by name.
+
 Any number of processes may fetch into one cache at once. Objects are content-addressed and
-arrive by an atomic rename that never replaces, so racing downloads of one file are harmless.
-A view is built and published under a lock per version (``locks/<version_id>.lock``, an OS file
-lock the kernel releases if its holder dies): the first fetcher materialises it, the others find
-it current and return it, and a published view is only ever retired when it is stale (it links
-an object that was found tampered with and replaced), never because another process is busy.
+arrive by an atomic rename that never replaces, so racing downloads of one file are harmless; a
+partial file is continued by one fetcher at a time (an OS file lock per object). A view is built
+and published under a lock per version (``locks/<version_id>.lock``, an OS file lock the kernel
+releases if its holder dies): the first fetcher materialises it, the others find it current and
+return it, and a published view is only ever retired when it is stale (it links an object that
+was found tampered with and replaced), never because another process is busy.
+
+:meth:`BundleStore.upload` publishes a bundle of the cache to any fsspec location (an ``s3://``
+prefix): every part first, ``result-manifest.json`` last and only if none is there, so a reader
+never sees half a bundle, uploading the same bundle again is a no-op, and a different bundle
+already at the location is never overwritten (:meth:`BundleStore.upload_files`: the same for a
+run's checkpoint and records).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -24,29 +42,59 @@ import secrets
 import shutil
 import stat
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import filelock
 import fsspec
+from fsspec.asyn import sync
+from fsspec.utils import get_protocol
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import (
+    READ_ONLY,
     atomic_write_bytes,
     atomic_write_text,
     fsync_dir,
+    fsync_file,
+    is_read_only,
     rename_noreplace,
 )
-from pipeline.bundle.digest import cpu_count, sha256_file
-from pipeline.bundle.errors import DigestMismatch, IncompleteBundle, SizeMismatch, UnsafePath
+from pipeline.bundle.digest import cpu_count, sha256_buffers, sha256_bytes, sha256_file
+from pipeline.bundle.errors import (
+    BundleError,
+    BundleExists,
+    DigestMismatch,
+    IncompleteBundle,
+    SizeMismatch,
+    UnsafePath,
+)
 from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
-_COPY_CHUNK = 4 * 1024 * 1024
+_IOV_MAX = 1024  # the most buffers one writev takes on Linux
+
+#: One read of a download: what each worker holds in memory at a time.
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def default_remote_workers() -> int:
+    """Downloads in flight from a remote store: two per core this process may use, 4 to 16.
+
+    A transfer mostly waits on the network, then its file is hashed on a core; more transfers
+    than that only make the hashing threads take turns (``bench/s3.py --workers`` compares).
+    Memory stays bounded by this many chunks.
+    """
+    return max(4, min(16, 2 * cpu_count()))
+
+
+class ManifestChanged(BundleError):
+    """The bundle's manifest changed while its files were downloaded: nothing of it is viewed."""
 
 
 class SourceBundle(BaseModel):
@@ -69,25 +117,61 @@ class FetchResult:
 
     path: Path
     manifest: Manifest
-    bytes_downloaded: int
+    bytes_downloaded: int  # transferred by this fetch
     files_downloaded: int
     files_reused: int
     bytes_hashed: int  # hashed on arrival (downloads, plus any cache object re-checked)
+    bytes_resumed: int = 0  # of partial files an interrupted fetch left, kept, not sent again
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """Where a bundle was published, and what publishing it cost this time."""
+
+    url: str
+    files_uploaded: int
+    bytes_uploaded: int
+    files_present: int  # already there with the same bytes (a retry after a crash)
+    already_published: bool  # the same manifest was there: nothing was written
+
+
+def is_remote(location: str) -> bool:
+    """Whether ``location`` is a URL of a store other than this machine's files (``s3://``)."""
+    return "://" in location.split("::")[-1] and get_protocol(location) not in ("file", "local")
 
 
 class BundleStore:
     """A content-addressed cache of bundles fetched from URLs or plain paths through fsspec."""
 
     def __init__(
-        self, cache_dir: str | os.PathLike[str], credentials: CredentialRegistry | None = None
+        self,
+        cache_dir: str | os.PathLike[str],
+        credentials: CredentialRegistry | None = None,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        remote_workers: int | None = None,
     ):
+        remote_workers = remote_workers or default_remote_workers()
+        if chunk_bytes < 1 or remote_workers < 1:
+            raise ValueError("chunk_bytes and remote_workers must be at least 1")
         self.cache_dir = Path(cache_dir).resolve()
         self.credentials = credentials
+        self.chunk_bytes = chunk_bytes
+        self.remote_workers = remote_workers
+        self._clients: dict[tuple, fsspec.AbstractFileSystem] = {}
+        self._clients_lock = threading.Lock()
         self.objects_dir = self.cache_dir / "objects"
         self.ledger_dir = self.cache_dir / "ledger"
         self.bundles_dir = self.cache_dir / "bundles"
         self.locks_dir = self.cache_dir / "locks"
-        for d in (self.objects_dir, self.ledger_dir, self.bundles_dir, self.locks_dir):
+        self.incoming_dir = self.cache_dir / "incoming"
+        for d in (
+            self.objects_dir,
+            self.ledger_dir,
+            self.bundles_dir,
+            self.locks_dir,
+            self.incoming_dir,
+        ):
             d.mkdir(parents=True, exist_ok=True)
 
     def _version_lock(self, version: str) -> filelock.BaseFileLock:
@@ -96,6 +180,16 @@ class BundleStore:
         It waits as long as its holder works (a large download); a holder that dies releases it.
         """
         return filelock.FileLock(self.locks_dir / f"{version}.lock", timeout=-1)
+
+    def _object_lock(self, sha256: str) -> filelock.BaseFileLock:
+        """The lock held while an object's partial file is written (one writer per partial).
+
+        Striped by the digest's first three hex digits: at most 4096 lock files, however many
+        objects the cache holds; two objects sharing a stripe only wait for each other.
+        """
+        d = self.locks_dir / "objects"
+        d.mkdir(exist_ok=True)
+        return filelock.FileLock(d / f"{sha256[:3]}.lock", timeout=-1)
 
     # -- locations ---------------------------------------------------------------------------
 
@@ -111,9 +205,23 @@ class BundleStore:
                     "credential registry"
                 )
             options = self.credentials.storage_options_for(credential_ref, url)
-            # a cached filesystem instance would keep the secret alive beyond this download
+            # fsspec's process-wide instance cache would keep the secret alive for good; this
+            # store's own cache keeps it as long as the store (a step, a sensor tick) lives.
             options["skip_instance_cache"] = True
-        fs, root = fsspec.core.url_to_fs(url, **options)
+        if "::" in url:  # a chained URL: fsspec composes its layers
+            fs, root = fsspec.core.url_to_fs(url, **options)
+            return fs, root.rstrip("/") or root
+        # One client per protocol and secret for this store's lifetime: an S3 client costs a
+        # session and a connection pool, and a sensor tick opens many URLs of one bucket. A
+        # rotated secret is another key, so it gets a client of its own.
+        key = (get_protocol(url), tuple(sorted(options.items())))
+        with self._clients_lock:
+            fs = self._clients.get(key)
+            if fs is None:
+                fs, root = fsspec.core.url_to_fs(url, **options)
+                self._clients[key] = fs
+            else:
+                root = fs._strip_protocol(url)
         return fs, root.rstrip("/") or root
 
     def read_manifest(self, url: str, credential_ref: str | None = None) -> Manifest:
@@ -145,7 +253,13 @@ class BundleStore:
     # -- fetch -------------------------------------------------------------------------------
 
     def fetch(self, url: str, *, credential_ref: str | None = None) -> FetchResult:
-        """Download the bundle at ``url`` into the cache once and return its local view."""
+        """Download the bundle at ``url`` into the cache once and return its local view.
+
+        The manifest is read first and last; a bundle whose manifest changed in between is
+        refused with :class:`ManifestChanged` (the files that arrived intact stay as objects,
+        but no view is made). Files download in parallel, a partial file an interrupted fetch
+        left is continued, and a file whose bytes do not match the manifest is refused by name.
+        """
         fs, root = self.open_location(url, credential_ref)
         raw = self._manifest_bytes(fs, root, url)
         manifest = parse_manifest(raw, path=_join(url, fmt.MANIFEST_NAME))
@@ -155,12 +269,14 @@ class BundleStore:
         except ValueError as e:
             where = _join(url, fmt.MANIFEST_NAME)
             raise UnsafePath(f"{where}: {e}", path=fmt.MANIFEST_NAME) from None
-        downloaded = reused = nbytes = hashed = 0
+        reused = hashed = 0
         # One fetcher per version at a time: the others wait, then find every object present
         # and the view current (nothing downloaded or hashed twice, no view rebuilt under them).
         with self._version_lock(version):
-            todo = []
+            todo: dict[str, FileEntry] = {}  # by digest: two entries of equal bytes, one download
             for entry in manifest.bound_files:
+                if entry.sha256 in todo:
+                    continue
                 if self._have(entry):
                     reused += 1
                     continue
@@ -169,31 +285,41 @@ class BundleStore:
                     if self._adopt(entry):
                         reused += 1
                         continue
-                todo.append(entry)
-            # One file per core at a time: each copy's fsync and each file's sha256 overlap
-            # with the others' (one file after another, a large bundle ran at the speed of one
-            # core's sha256 plus the disk, measured in bench/chain.py).
-            workers = max(1, min(cpu_count(), len(todo)))
+                todo[entry.sha256] = entry
+            # Local copies: one file per core, so each copy's fsync and each file's sha256
+            # overlap with the others' (measured in bench/chain.py). Remote transfers wait on
+            # the network, so more of them are in flight (bench/s3.py).
+            local = _is_local(fs)
+            limit = cpu_count() if local else self.remote_workers
+            workers = max(1, min(limit, len(todo)))
             failed = threading.Event()
 
-            def download(entry: FileEntry) -> None:
+            def download(entry: FileEntry) -> tuple[int, int]:
                 if failed.is_set():  # a file already failed: start no new download
-                    return
+                    return 0, 0
                 try:
-                    self._download(fs, posixpath.join(root, entry.path), entry, url)
+                    return self._download(fs, posixpath.join(root, entry.path), entry, url)
                 except BaseException:
                     failed.set()
                     raise
 
-            with ThreadPoolExecutor(workers) as pool:
-                futures = [pool.submit(download, e) for e in todo]
-            for f in futures:
-                f.result()  # the first failure in manifest order
-            downloaded = len(todo)
-            nbytes = hashed_new = sum(e.bytes for e in todo)
-            hashed += hashed_new
+            with ThreadPoolExecutor(workers, thread_name_prefix="fetch") as pool:
+                futures = [pool.submit(download, e) for e in todo.values()]
+            counts = [f.result() for f in futures]  # the first failure in manifest order
+            nbytes = sum(sent for sent, _ in counts)
+            resumed = sum(kept for _, kept in counts)
+            hashed += sum(e.bytes for e in todo.values())
+            last = self._manifest_bytes(fs, root, url)
+            if last != raw:
+                raise ManifestChanged(
+                    f"{_join(url, fmt.MANIFEST_NAME)} changed while the bundle was downloaded "
+                    f"(sha256 {sha256_bytes(raw)} when read first, {sha256_bytes(last)} when "
+                    f"read last); version {version} is not viewed: fetch again once the store "
+                    "holds one finished bundle",
+                    path=fmt.MANIFEST_NAME,
+                )
             view = self._materialize(manifest, raw)
-        return FetchResult(view, manifest, nbytes, downloaded, reused, hashed)
+        return FetchResult(view, manifest, nbytes, len(todo), reused, hashed, resumed)
 
     def object_path(self, sha256: str) -> Path:
         """Where the cache keeps the file whose content has this sha256."""
@@ -217,7 +343,7 @@ class BundleStore:
             return False
         return (
             st.st_size == entry.bytes
-            and not st.st_mode & 0o222
+            and is_read_only(st.st_mode)
             and self._ledger_matches(entry.sha256)
         )
 
@@ -230,7 +356,7 @@ class BundleStore:
         obj = self.object_path(entry.sha256)
         try:
             if obj.stat().st_size == entry.bytes and sha256_file(obj) == entry.sha256:
-                os.chmod(obj, 0o444)
+                os.chmod(obj, READ_ONLY)
                 self._record(entry.sha256, obj)
                 return True
         except FileNotFoundError:
@@ -244,47 +370,88 @@ class BundleStore:
 
     def _download(
         self, fs: fsspec.AbstractFileSystem, remote: str, entry: FileEntry, url: str
-    ) -> None:
-        tmp = self.objects_dir / f".incoming-{entry.sha256[:16]}-{secrets.token_hex(6)}"
+    ) -> tuple[int, int]:
+        """Bring one bound file into ``objects/``: ``(bytes transferred, bytes resumed)``.
+
+        The partial file ``incoming/<sha256>`` survives an interruption (a killed process, a
+        dropped connection) and is continued by the next fetch from its length; once complete
+        it is hashed whole. A resumed file that does not match is fetched once more from the
+        start (its prefix may be what was stale); a fresh one that does not match is refused.
+        """
         where = _join(url, entry.path)
-        try:
-            size = 0
-            with fs.open(remote, "rb") as src, open(tmp, "xb") as dst:
-                while chunk := src.read(_COPY_CHUNK):
-                    size += len(chunk)
-                    if size > entry.bytes:
-                        raise SizeMismatch(
-                            f"{where}: expected {entry.bytes} bytes, the download is longer",
-                            path=entry.path,
-                        )
-                    dst.write(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-            if size != entry.bytes:
-                raise SizeMismatch(
-                    f"{where}: expected {entry.bytes} bytes, downloaded {size}", path=entry.path
-                )
-            digest = sha256_file(tmp)
-            if digest != entry.sha256:
-                raise DigestMismatch(
-                    f"{where}: sha256 expected {entry.sha256} (manifest), downloaded {digest}; "
-                    "nothing was kept",
-                    path=entry.path,
-                )
-            os.chmod(tmp, 0o444)
+        with self._object_lock(entry.sha256):
+            if self._have(entry):  # another fetch (another version) brought it meanwhile
+                return 0, 0
+            partial = self.incoming_dir / entry.sha256
+            sent = 0
+            while True:
+                kept = _length(partial)
+                if kept > entry.bytes:  # cannot be a prefix of this file
+                    _remove(partial)
+                    kept = 0
+                if kept < entry.bytes:  # else it arrived whole and died before the rename
+                    sent += self._transfer(fs, remote, partial, kept, entry, where)
+                digest = sha256_file(partial)
+                if digest == entry.sha256:
+                    break
+                _remove(partial)  # the next round starts from nothing: it cannot loop twice
+                if kept == 0:
+                    raise DigestMismatch(
+                        f"{where}: sha256 expected {entry.sha256} (manifest), downloaded "
+                        f"{digest}; nothing was kept",
+                        path=entry.path,
+                    )
+            os.chmod(partial, READ_ONLY)
             obj = self.object_path(entry.sha256)
             try:
-                rename_noreplace(tmp, obj)
-            except FileExistsError:  # another fetch won the race with the same bytes
-                _remove(tmp)
+                rename_noreplace(partial, obj)
+            except FileExistsError:  # the same bytes became an object meanwhile (a publish)
+                _remove(partial)
                 if not self._have(entry):
                     self._adopt(entry)
-                return
+                return sent, kept
             fsync_dir(self.objects_dir)
             self._record(entry.sha256, obj)
-        except BaseException:
-            _remove(tmp)
-            raise
+            return sent, kept
+
+    def _transfer(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        remote: str,
+        partial: Path,
+        start: int,
+        entry: FileEntry,
+        where: str,
+    ) -> int:
+        """Append the remote file's bytes from ``start`` to ``partial``; return bytes sent."""
+        pos = start
+        # A resumed read starts past the first byte: ask the size first, so that an object
+        # shorter than what arrived is refused here rather than as a range the store rejects.
+        if start and (size := fs.size(remote)) != entry.bytes:
+            raise _size_refused(partial, where, entry, size)
+        with _open_remote(fs, remote, start, self.chunk_bytes) as src:
+            if src.size != entry.bytes:
+                raise _size_refused(partial, where, entry, src.size)
+            # Unbuffered: every chunk written is in the file before the next one is read, so a
+            # process killed at any point leaves a partial file as long as what arrived.
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                while pos < entry.bytes:
+                    pieces = src.read(min(self.chunk_bytes, entry.bytes - pos))
+                    if not pieces:
+                        break
+                    pos += _write_all(fd, pieces)
+            finally:
+                os.close(fd)
+        if pos != entry.bytes:
+            _remove(partial)
+            raise SizeMismatch(
+                f"{where}: expected {entry.bytes} bytes, the download ended at {pos}; "
+                "nothing was kept",
+                path=entry.path,
+            )
+        fsync_file(partial)
+        return pos - start
 
     def _materialize(self, manifest: Manifest, raw: bytes) -> Path:
         """Return the current view of this version, building it if needed.
@@ -302,7 +469,7 @@ class BundleStore:
             for entry in manifest.bound_files:
                 os.link(self.object_path(entry.sha256), tmp / entry.path)
             atomic_write_bytes(tmp / fmt.MANIFEST_NAME, raw, replace=False)
-            os.chmod(tmp / fmt.MANIFEST_NAME, 0o444)
+            os.chmod(tmp / fmt.MANIFEST_NAME, READ_ONLY)
             fsync_dir(tmp / fmt.PARTS_DIR)
             if os.path.lexists(view):  # links objects since replaced (tampered): retire it
                 stale = self.bundles_dir / f".{version}.stale-{secrets.token_hex(6)}"
@@ -359,7 +526,7 @@ class BundleStore:
         return (
             (st.st_dev, st.st_ino) == (ost.st_dev, ost.st_ino)
             and stat.S_ISREG(ost.st_mode)
-            and not ost.st_mode & 0o222
+            and is_read_only(ost.st_mode)
             and ost.st_size == entry.bytes
             and self._ledger_matches(entry.sha256)
         )
@@ -403,7 +570,7 @@ class BundleStore:
             if self._have(entry) or (obj.exists() and self._adopt(entry)):
                 continue  # the same bytes are already an object (an earlier identical output)
             src = root / entry.path
-            os.chmod(src, 0o444)
+            os.chmod(src, READ_ONLY)
             try:
                 rename_noreplace(src, obj)
             except FileExistsError:  # a concurrent fetch published the same bytes first
@@ -413,6 +580,295 @@ class BundleStore:
             fsync_dir(self.objects_dir)
             self._record(entry.sha256, obj)
         return self._materialize(manifest, raw)
+
+    # -- upload ------------------------------------------------------------------------------
+
+    def upload(
+        self, bundle: VerifiedSnapshot, url: str, *, credential_ref: str | None = None
+    ) -> UploadResult:
+        """Publish a verified bundle to ``url`` (an ``s3://`` prefix, any fsspec location).
+
+        Every bound file is written first, each only where no object of that name exists; the
+        manifest last, the same way, so a reader of ``url`` sees no bundle until every part it
+        binds is there, and a crash mid-upload leaves no manifest. A manifest already at
+        ``url`` that is this bundle's makes the upload a no-op; any other is refused with
+        :class:`~pipeline.bundle.errors.BundleExists` before anything is written. A part left
+        by a crashed upload of this bundle (same bytes) is kept; a different one is refused.
+        Exclusive writes rely on the store honouring ``If-None-Match`` (AWS S3 does, moto too).
+        """
+        local = Path(bundle.root)
+        raw = (local / fmt.MANIFEST_NAME).read_bytes()
+        manifest = parse_manifest(raw, path=str(local / fmt.MANIFEST_NAME))
+        if manifest.snapshot != bundle.manifest.snapshot:
+            raise DigestMismatch(
+                f"{local}: the manifest on disk is {manifest.snapshot}, the verified bundle "
+                f"{bundle.manifest.snapshot}; nothing was uploaded",
+                path=fmt.MANIFEST_NAME,
+            )
+        files = [_Bound(e.path, local / e.path, e.sha256, e.bytes) for e in manifest.bound_files]
+        marker = _Bound(fmt.MANIFEST_NAME, local / fmt.MANIFEST_NAME, "", len(raw))
+
+        def refuse_other(existing: bytes) -> UploadResult:
+            return self._published_already(existing, raw, url, manifest)
+
+        return self._publish(url, credential_ref, files, marker, refuse_other)
+
+    def upload_files(
+        self,
+        files: Mapping[str, Path],
+        url: str,
+        *,
+        last: str,
+        digests: Mapping[str, str] | None = None,
+        credential_ref: str | None = None,
+    ) -> UploadResult:
+        """Publish local files under ``url`` by relative name, the file named ``last`` after all
+        the others, with :meth:`upload`'s rules: nothing is written over anything; ``last``
+        already there with the same bytes makes it a no-op, with other bytes refuses it.
+
+        ``digests`` are the files' sha256 where known (a checkpoint's, from its record); the
+        others are hashed now. They decide whether a file a crashed upload left is kept.
+        """
+        digests = dict(digests or {})
+        bound = [
+            _Bound(name, Path(p), digests.get(name) or sha256_file(p), os.stat(p).st_size)
+            for name, p in files.items()
+            if name != last
+        ]
+        marker_path = Path(files[last])
+        raw = marker_path.read_bytes()
+        marker = _Bound(last, marker_path, "", len(raw))
+
+        def refuse_other(existing: bytes) -> UploadResult:
+            if existing == raw:
+                return UploadResult(url, 0, 0, len(bound), already_published=True)
+            raise BundleExists(
+                f"{_join(url, last)}: holds other bytes than {marker_path}; what is published "
+                "is never overwritten",
+                path=last,
+            )
+
+        return self._publish(url, credential_ref, bound, marker, refuse_other)
+
+    def _publish(
+        self,
+        url: str,
+        credential_ref: str | None,
+        files: list[_Bound],
+        marker: _Bound,
+        refuse_other: Callable[[bytes], UploadResult],
+    ) -> UploadResult:
+        """Every file, then the marker, each create-only (see :meth:`upload`)."""
+        fs, root = self.open_location(url, credential_ref)
+        remote_marker = posixpath.join(root, marker.path)
+        if (existing := _read_or_none(fs, remote_marker)) is not None:
+            return refuse_other(existing)
+        limit = cpu_count() if _is_local(fs) else self.remote_workers
+        workers = max(1, min(limit, len(files)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="upload") as pool:
+            futures = [pool.submit(self._put_part, fs, root, f, url) for f in files]
+        written = [f.result() for f in futures]
+        try:
+            _put_new(fs, marker.local, remote_marker)
+        except FileExistsError:  # another upload finished first: the same files, or refused
+            return refuse_other(fs.cat_file(remote_marker))
+        return UploadResult(
+            url=url,
+            files_uploaded=sum(written),
+            bytes_uploaded=sum(f.bytes for f, w in zip(files, written, strict=True) if w),
+            files_present=len(written) - sum(written),
+            already_published=False,
+        )
+
+    @staticmethod
+    def _published_already(
+        existing: bytes, raw: bytes, url: str, manifest: Manifest
+    ) -> UploadResult:
+        if existing == raw:
+            return UploadResult(url, 0, 0, len(manifest.bound_files), already_published=True)
+        try:
+            there = parse_manifest(existing).snapshot
+            what = f"version {there.version_id} ({there.content_sha256})"
+        except BundleError:
+            what = "a manifest that is not this bundle's"
+        raise BundleExists(
+            f"{_join(url, fmt.MANIFEST_NAME)}: holds {what}, not {manifest.snapshot.version_id} "
+            f"({manifest.snapshot.content_sha256}); a published bundle is never overwritten",
+            path=url,
+        )
+
+    def _put_part(self, fs: fsspec.AbstractFileSystem, root: str, f: _Bound, url: str) -> bool:
+        """Write one file where nothing is; True if written, False if already there."""
+        remote = posixpath.join(root, f.path)
+        try:
+            _put_new(fs, f.local, remote)
+            return True
+        except FileExistsError:
+            pass
+        # An S3 PUT is all or nothing, so what a crashed upload left is whole: keep it if it is
+        # this file's bytes (a retry then sends only the rest).
+        if fs.size(remote) == f.bytes:
+            with fs.open(remote, "rb", block_size=self.chunk_bytes, cache_type="none") as src:
+                chunks = iter(lambda: src.read(self.chunk_bytes), b"")
+                if sha256_buffers(chunks) == f.sha256:
+                    return False
+        raise BundleExists(
+            f"{_join(url, f.path)}: a file other than the one to publish (sha256 {f.sha256}) "
+            "is already there and is never overwritten; nothing was uploaded over it",
+            path=f.path,
+        )
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A local file to publish: its name under the prefix, where it is, its sha256 and size."""
+
+    path: str
+    local: Path
+    sha256: str
+    bytes: int
+
+
+class _RemoteFile:
+    """A remote file read from an offset: its whole size, and ``read(n)``: up to ``n`` bytes as
+    the pieces they arrived in (written with one ``writev``, never joined into a copy)."""
+
+    size: int
+
+    def read(self, n: int) -> list[bytes]:
+        raise NotImplementedError
+
+
+class _S3Stream(_RemoteFile):
+    """One streamed GET of an S3 object from ``start`` on: one request per file, however many
+    chunks, each read as it arrives (s3fs's files would make a ranged GET per read, and stores
+    that copy the whole object for each range, moto among them, would pay it per chunk)."""
+
+    def __init__(self, fs, path: str, start: int) -> None:
+        self._loop = fs.loop
+        bucket, key, version = fs.split_path(path)
+        extra = {"VersionId": version} if version else {}
+        if start:
+            extra["Range"] = f"bytes={start}-"
+        response = sync(self._loop, fs._call_s3, "get_object", Bucket=bucket, Key=key, **extra)
+        self._body = response["Body"]
+        if start:  # "bytes 100-199/200": the object's size is after the slash
+            self.size = int(response["ContentRange"].rpartition("/")[2])
+        else:
+            self.size = int(response["ContentLength"])
+
+    def read(self, n: int) -> list[bytes]:
+        return sync(self._loop, _read_up_to, self._body, n)
+
+    def close(self) -> None:
+        self._body.close()
+
+
+async def _read_up_to(body, n: int) -> list[bytes]:
+    """Up to ``n`` bytes of a response body, fewer only at its end (one hop to the event loop
+    per chunk, not per network read)."""
+    pieces, got = [], 0
+    while got < n:
+        piece = await body.read(n - got)
+        if not piece:
+            break
+        pieces.append(piece)
+        got += len(piece)
+    return pieces
+
+
+class _FsspecFile(_RemoteFile):
+    """Any other fsspec file, read from ``start`` in ``block``-sized reads with no read-ahead."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, start: int, block: int):
+        self._f = fs.open(path, "rb", block_size=block, cache_type="none")
+        size = getattr(self._f, "size", None)
+        self.size = fs.size(path) if size is None else size
+        if start:
+            self._f.seek(start)
+
+    def read(self, n: int) -> list[bytes]:
+        data = self._f.read(n)
+        return [data] if data else []
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@contextlib.contextmanager
+def _open_remote(
+    fs: fsspec.AbstractFileSystem, path: str, start: int, block: int
+) -> Iterator[_RemoteFile]:
+    """Open ``path`` for reading from byte ``start`` (a streamed GET on S3, else fsspec)."""
+    s3 = hasattr(fs, "_call_s3") and hasattr(fs, "split_path")  # s3fs, without importing it
+    f = _S3Stream(fs, path, start) if s3 else _FsspecFile(fs, path, start, block)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def _size_refused(partial: Path, where: str, entry: FileEntry, size: int) -> SizeMismatch:
+    """Drop the partial file of a remote file of the wrong size; the error to raise."""
+    _remove(partial)
+    return SizeMismatch(
+        f"{where}: expected {entry.bytes} bytes (manifest), the store holds {size}; nothing "
+        "was kept",
+        path=entry.path,
+    )
+
+
+def _read_or_none(fs: fsspec.AbstractFileSystem, path: str) -> bytes | None:
+    try:
+        return fs.cat_file(path)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _put_new(fs: fsspec.AbstractFileSystem, local: Path, remote: str) -> None:
+    """Copy ``local`` to ``remote`` only if nothing is there (``FileExistsError`` otherwise).
+
+    On a local file system through a temporary sibling and a rename that never replaces (a
+    reader sees the whole file or none); elsewhere as one conditional write.
+    """
+    if not _is_local(fs):
+        fs.put_file(str(local), remote, mode="create")
+        return
+    dest = Path(remote)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        shutil.copyfile(local, tmp)
+        fsync_file(tmp)
+        rename_noreplace(tmp, dest)
+    except BaseException:
+        _remove(tmp)
+        raise
+    fsync_dir(dest.parent)
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _length(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _write_all(fd: int, pieces: list[bytes]) -> int:
+    """Write every piece, in order, with as few system calls as the kernel allows."""
+    total = sum(len(p) for p in pieces)
+    views = [memoryview(p) for p in pieces]
+    while views:
+        n = os.writev(fd, views[:_IOV_MAX])
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if views and n:
+            views[0] = views[0][n:]
+    return total
 
 
 def _remove(path: Path) -> None:

@@ -4,18 +4,27 @@
 name. The secret is read from the environment at the moment of a download, wrapped in
 :class:`Secret` so an accidental ``repr``, log line or f-string shows ``***``, and revealed only
 where it becomes fsspec storage options.
+
+Storage clients may still print what they were handed: botocore logs every request's headers at
+DEBUG, the ``Authorization`` header naming the access key id among them. Every value revealed
+for storage options is therefore masked in the log records of the storage client libraries
+(:func:`redact_client_logs`), whatever logging the process has configured.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 
 from fsspec.utils import get_protocol
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MASK = "***"
+#: Loggers of the storage clients fsspec drives (by top-level package), whose records are masked.
+CLIENT_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3", "aiohttp", "gcsfs")
 
 
 class CredentialError(Exception):
@@ -127,5 +136,63 @@ class CredentialRegistry:
                     f"credential_ref {ref!r} ({self._refs[ref]}) must hold "
                     "'<access_key_id>:<secret_access_key>' for s3 URLs"
                 )
+            redact_client_logs((key, rest, secret))
             return {"key": key, "secret": rest}
+        redact_client_logs((secret,))
         return {"token": secret}
+
+
+def parse_credential_refs(text: str) -> dict[str, str]:
+    """Parse ``ref=ENV_VAR,ref2=ENV_VAR2`` (the ``LITHI_CREDENTIAL_REFS`` format) into a dict."""
+    refs: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        ref, sep, env = item.partition("=")
+        if not sep or not ref.strip() or not env.strip():
+            raise ValueError(f"expected 'ref=ENV_VAR,...', found {item!r}")
+        refs[ref.strip()] = env.strip()
+    CredentialRegistry(refs)  # validates the variable names
+    return refs
+
+
+# -- masking what storage clients log ------------------------------------------------------------
+
+# The values to mask live in this process's memory only, as long as the storage clients that
+# were handed them may log; they are never written anywhere.
+_redacted: set[str] = set()
+_redact_lock = threading.Lock()
+_installed = False
+
+
+def redact_client_logs(values: Iterable[str]) -> None:
+    """Mask ``values`` in every log record of a storage client library from now on.
+
+    A record factory rather than a logger filter: botocore creates loggers as it imports its
+    modules lazily, and a filter reaches only the logger it was added to, never its children.
+    """
+    global _installed
+    with _redact_lock:
+        _redacted.update(v for v in values if len(v) >= 4)  # masking "a" would mask everything
+        if _installed:
+            return
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args, **kwargs) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            if _redacted and str(record.name).partition(".")[0] in CLIENT_LOGGERS:
+                _mask(record)
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _installed = True
+
+
+def _mask(record: logging.LogRecord) -> None:
+    try:
+        text = record.getMessage()
+    except Exception:  # a malformed record: logging reports it when a handler formats it
+        return
+    masked = text
+    for value in list(_redacted):
+        masked = masked.replace(value, _MASK)
+    if masked != text:
+        record.msg, record.args = masked, None

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.bundle.errors import one_line, problem
 from pipeline.training.device import DeviceError, check_device_setting
 from pipeline.training.trainer import REFERENCE_TRAINER
 from resources.compute.client import ComputeError, check_job_id
-from resources.credentials import CredentialRegistry
+from resources.credentials import parse_credential_refs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIX = "LITHI_"
@@ -41,18 +43,6 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 class SettingsError(ValueError):
     """One or more ``LITHI_*`` variables hold a value of the wrong type or range."""
-
-
-def parse_credential_refs(text: str) -> dict[str, str]:
-    """Parse ``ref=ENV_VAR,ref2=ENV_VAR2`` (the ``LITHI_CREDENTIAL_REFS`` format) into a dict."""
-    refs: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        ref, sep, env = item.partition("=")
-        if not sep or not ref.strip() or not env.strip():
-            raise ValueError(f"expected 'ref=ENV_VAR,...', found {item!r}")
-        refs[ref.strip()] = env.strip()
-    CredentialRegistry(refs)  # validates the variable names
-    return refs
 
 
 class LithiEnv(BaseSettings):
@@ -85,6 +75,8 @@ class LithiEnv(BaseSettings):
     trainer_config: str = "{}"
     compute: str = "local"
     bundle_url: str = ""
+    publish_url: str = ""
+    publish_credential_ref: str = ""
 
     @field_validator("trainer_config")
     @classmethod
@@ -179,26 +171,26 @@ class LithiEnv(BaseSettings):
 
 
 def describe(e: ValidationError) -> str:
-    """One line per bad variable: ``LITHI_X='value': what was expected``."""
-    lines = []
-    for err in e.errors():
-        if not err["loc"]:  # a rule between variables: its message names them
-            lines.append(err["msg"].removeprefix("Value error, "))
-            continue
-        name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
-        given = err.get("input")
-        shown = repr(given) if isinstance(given, str) else "<unset>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if isinstance(given, str) and given.lower() in ("nan", "inf", "-inf", "infinity"):
-            msg = "expected a finite number"
-        elif err["type"] in ("int_parsing", "int_from_float"):
-            msg = "expected a whole number"
-        elif err["type"] == "float_parsing":
-            msg = "expected a number"
-        elif err["type"] == "bool_parsing":
-            msg = "expected true or false (also 1/0, yes/no, on/off)"
-        lines.append(f"{name}={shown}: {msg}")
-    return "; ".join(lines)
+    """One line, a problem per bad variable: ``LITHI_X='value': what was expected``."""
+    return one_line(e, each=_variable)
+
+
+def _variable(err: ErrorDetails) -> str:
+    if not err["loc"]:  # a rule between variables: its message names them
+        return problem(err)
+    name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
+    given = err.get("input")
+    shown = repr(given) if isinstance(given, str) else "<unset>"
+    msg = problem(err)
+    if isinstance(given, str) and given.lower() in ("nan", "inf", "-inf", "infinity"):
+        msg = "expected a finite number"
+    elif err["type"] in ("int_parsing", "int_from_float"):
+        msg = "expected a whole number"
+    elif err["type"] == "float_parsing":
+        msg = "expected a number"
+    elif err["type"] == "bool_parsing":
+        msg = "expected true or false (also 1/0, yes/no, on/off)"
+    return f"{name}={shown}: {msg}"
 
 
 class Policy(BaseModel):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.timing import limit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,9 +64,24 @@ def test_limits_count_the_work_each_step_must_do(chain):
 
 
 def test_tree_memory_sees_a_child_process(chain):
-    """The probe reads each process of the tree: a child holding 200 MiB is seen."""
-    code = "import time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1)"
-    with chain.TreeMemory() as mem:
-        subprocess.run([sys.executable, "-c", code], check=True)
+    """The probe reads each process of the tree: a child holding 200 MiB is seen.
+
+    The child holds its memory until told to exit, so one sample taken meanwhile must see it,
+    however slowly the machine runs.
+    """
+    code = (
+        "import sys; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]);"
+        "print('holding', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline() == "holding\n"
+        mem = chain.TreeMemory()
+        mem.sample()
+    finally:
+        child.communicate("", timeout=limit(60))
+    assert child.returncode == 0
     assert mem.peak_anon >= 190
     assert mem.peak_rss >= mem.peak_anon

@@ -37,6 +37,7 @@ from pipeline.bundle.manifest import (
 )
 from pipeline.bundle.stage import ReusedPart, new_version_id, stage
 from pipeline.bundle.verify import (
+    CheckResult,
     VerifiedSnapshot,
     VerifyStats,
     check,
@@ -48,6 +49,7 @@ from pipeline.bundle.verify import (
 __all__ = [
     "BundleError",
     "BundleExists",
+    "CheckResult",
     "CountMismatch",
     "Counts",
     "DigestMismatch",

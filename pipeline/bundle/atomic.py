@@ -11,27 +11,46 @@ import ctypes
 import errno
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+#: Whether :func:`fsync_file` and :func:`fsync_dir` reach the disk. Always on in the product.
+#: The test suite turns it off (``tests/conftest.py``) except for the crash tests: no other test
+#: can observe a flush (only a power loss can), and every staged file costs several.
+DURABLE = True
+
+#: Mode of every published file (bundle files, cache objects, checkpoints): read-only for
+#: everyone. Bundle parts are hard-linked between versions, so a write in place would change
+#: several versions at once.
+READ_ONLY = 0o444
+_WRITE_BITS = 0o222
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
+_renameat2: Callable[[int, bytes, int, bytes, int], int] | None
 try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _renameat2 = _libc.renameat2
-    _renameat2.argtypes = [
+    _fn = ctypes.CDLL(None, use_errno=True).renameat2
+    _fn.argtypes = [
         ctypes.c_int,
         ctypes.c_char_p,
         ctypes.c_int,
         ctypes.c_char_p,
         ctypes.c_uint,
     ]
+    _renameat2 = _fn
 except (OSError, AttributeError):  # not glibc / not Linux
     _renameat2 = None
 
 
+def is_read_only(mode: int) -> bool:
+    """Whether a file mode (an ``st_mode``) lets nobody write."""
+    return not mode & _WRITE_BITS
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Flush a directory entry so a rename or create inside it survives a crash."""
+    if not DURABLE:
+        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -41,6 +60,8 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
     """Flush a file's data to stable storage."""
+    if not DURABLE:
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -100,3 +121,33 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bo
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, replace: bool = True) -> None:
     """Write ``text`` (UTF-8) atomically; see :func:`atomic_write_bytes`."""
     atomic_write_bytes(path, text.encode(), replace=replace)
+
+
+def make_parents(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing ancestors; return those this call created, deepest
+    last, so a failed publication can remove them again with :func:`remove_created`."""
+    missing: list[Path] = []
+    d = directory
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = d.parent
+    created: list[Path] = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:  # another process made it: not ours to remove
+            continue
+        except BaseException:
+            remove_created(created)
+            raise
+        created.append(d)
+    return created
+
+
+def remove_created(created: list[Path]) -> None:
+    """Remove directories :func:`make_parents` created, deepest first, while they are empty."""
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            return  # not empty (someone else's files arrived) or already gone: leave the rest

@@ -11,6 +11,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, overload
 
 #: Read size: large enough that hashlib releases the GIL for every update, small enough that the
 #: buffer stays in cache (``bench/verify.py`` measures the effect).
@@ -60,13 +61,33 @@ def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | 
     return h.hexdigest()
 
 
+@overload
+def sha256_files(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    workers: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    return_errors: Literal[False] = False,
+) -> list[str]: ...
+
+
+@overload
+def sha256_files(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    workers: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    return_errors: Literal[True],
+) -> list[str | OSError]: ...
+
+
 def sha256_files(
     paths: Sequence[str | os.PathLike[str]],
     *,
     workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     return_errors: bool = False,
-) -> list[str]:
+) -> list[str] | list[str | OSError]:
     """Hash many files in parallel threads, returning digests in the order of ``paths``.
 
     sha256 of one file is sequential, so parallelism is across files: largest first, so the
@@ -87,9 +108,9 @@ def sha256_files(
 
     workers = workers or min(len(paths), cpu_count())
     if workers <= 1:
-        return [one(p) for p in paths]  # type: ignore[misc]
+        return [one(p) for p in paths]
     order = sorted(range(len(paths)), key=lambda i: -_size(paths[i]))
-    digests: list = [""] * len(paths)
+    digests: list[str | OSError] = [""] * len(paths)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sha256") as pool:
         futures = {pool.submit(one, paths[i]): i for i in order}
         for fut, i in futures.items():

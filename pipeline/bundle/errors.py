@@ -6,6 +6,13 @@ message read in a log or a Dagster run page is enough to act on without a stack 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pydantic is only needed by whoever holds a ValidationError
+    from pydantic import ValidationError
+    from pydantic_core import ErrorDetails
+
 
 class BundleError(Exception):
     """Base of every bundle contract violation."""
@@ -89,3 +96,34 @@ class BundleExists(BundleError):
 
 class NotVerified(BundleError):
     """A reader was given something other than a verified snapshot (a path, a raw manifest)."""
+
+
+def problem(err: ErrorDetails) -> str:
+    """One pydantic error's message, without the ``Value error, `` put before a validator's own."""
+    return err["msg"].removeprefix("Value error, ")
+
+
+def location(err: ErrorDetails, root: str = "<root>") -> str:
+    """Where one pydantic error is, dotted (``schema.fields.0.type``), or ``root`` for the whole."""
+    return ".".join(str(x) for x in err["loc"]) or root
+
+
+def one_line(
+    e: ValidationError,
+    *,
+    root: str = "<root>",
+    locations: bool = True,
+    each: Callable[[ErrorDetails], str] | None = None,
+) -> str:
+    """Every problem a ``ValidationError`` found, on one line: ``where: what``, ``; `` between.
+
+    The one way a rejected model becomes a message (a manifest, a schema file, a trainer's config,
+    the environment, a command line). ``root`` names the whole object when the problem is not in
+    one field; without ``locations`` only the messages are joined; ``each`` words one problem
+    itself, for a caller whose fields have other names outside (environment variables).
+    """
+
+    def default(err: ErrorDetails) -> str:
+        return f"{location(err, root)}: {problem(err)}" if locations else problem(err)
+
+    return "; ".join((each or default)(err) for err in e.errors())

@@ -1,8 +1,10 @@
 """``result-manifest.json`` v1 as pydantic models: validated at the edge, plain data inside.
 
 The manifest is the only complete-bundle marker and binds every file, count and schema. The
-models below enforce every rule that can be checked from the manifest alone; the rules that
-need the files (digests, row counts, Parquet schemas, id uniqueness) live in ``verify``.
+models here and in :mod:`pipeline.bundle.model` enforce every rule that can be checked from the
+manifest alone; the rules that need the files (digests, row counts, Parquet schemas, id
+uniqueness) live in ``verify``. The lineage rules are stated once, here, for the manifest, for
+``stage`` (before it writes anything) and for the command line.
 
 A manifest is untrusted input: :func:`parse_manifest` reads it in pydantic strict mode (no
 ``"1034"`` for a number, no ``true`` for ``1``, no epoch number for a date), as UTF-8 only, with
@@ -13,25 +15,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import PurePosixPath
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-import pyarrow as pa
 from pydantic import (
     AwareDatetime,
-    BaseModel,
-    ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
-    StringConstraints,
     ValidationError,
     field_serializer,
     field_validator,
-    model_serializer,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import (
@@ -40,176 +36,101 @@ from pipeline.bundle.errors import (
     ManifestInvalid,
     StatusMismatch,
     UnsafePath,
+    location,
+    one_line,
+    problem,
+)
+from pipeline.bundle.model import (
+    MAX_COLUMNS,
+    MAX_PARTS,
+    Counts,
+    FileEntry,
+    InputRef,
+    JobInfo,
+    Kind,
+    NextAction,
+    NonEmpty,
+    ResultStatus,
+    Schema,
+    SchemaField,
+    SnapshotId,
+    _Model,
 )
 
-Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-#: Names, ids and references: non-empty and bounded (a manifest is read before anything is trusted).
-NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
-#: See :func:`pipeline.bundle.format.check_version_id`: one path segment, the rule the cache uses.
-VersionId = Annotated[str, StringConstraints(pattern=fmt.VERSION_ID_PATTERN)]
-#: Counts, sizes and attempts are Parquet/Arrow int64 values.
-Count = Annotated[int, Field(ge=0, le=fmt.MAX_COUNT)]
-Positive = Annotated[int, Field(ge=1, le=fmt.MAX_COUNT)]
-#: Parts are numbered 00000..99999; columns are bounded generously but bounded.
-MAX_PARTS = 100_000
-MAX_COLUMNS = 100_000
-Kind = Literal["input", "result", "prediction"]
-#: How the Compute job that produced a result version ended (unlike a job's live state).
-ResultStatus = Literal["SUCCEEDED", "PARTIAL", "FAILED"]
+__all__ = [
+    "KINDS",
+    "MAX_COLUMNS",
+    "MAX_PARTS",
+    "Counts",
+    "FileEntry",
+    "InputRef",
+    "JobInfo",
+    "Kind",
+    "LineageHints",
+    "Manifest",
+    "NextAction",
+    "ResultStatus",
+    "Schema",
+    "SchemaField",
+    "SnapshotId",
+    "bundle_error",
+    "check_lineage",
+    "check_result_columns",
+    "json_schema",
+    "json_schema_text",
+    "parse_manifest",
+]
+
+KINDS: tuple[Kind, ...] = ("input", "result", "prediction")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+@dataclass(frozen=True)
+class LineageHints:
+    """How a caller tells its user to fix each lineage problem (an argument, a flag)."""
+
+    drop_input: str = ""
+    name_input: str = ""
+    describe_job: str = ""
+    drop_job: str = ""
 
 
-class SnapshotId(_Model):
-    """The identity to pin in an experiment record: which version, which exact bytes."""
+def check_lineage(
+    kind: str, *, has_input: bool, has_job: bool, hints: LineageHints = LineageHints()
+) -> None:
+    """The lineage rule, raising ``ValueError`` naming what breaks it: an input bundle derives
+    from nothing; result and prediction bundles name their input snapshot; only a result bundle
+    describes its job. ``hints`` end each message with the caller's own way to fix it."""
 
-    version_id: VersionId
-    content_sha256: Sha256
+    def refuse(message: str, hint: str) -> None:
+        raise ValueError(f"{message}: {hint}" if hint else message)
 
-
-class NextAction(_Model):
-    """What a PARTIAL job asks of its caller: resubmit the outstanding items."""
-
-    action: Literal["resubmit_outstanding"]
-    items: Positive
-
-
-class JobInfo(_Model):
-    """The Compute job a result bundle came from, and which attempt produced this version."""
-
-    job_id: NonEmpty
-    status: ResultStatus
-    attempt: Positive
-    parent_version_id: VersionId | None = None
-    next_action: NextAction | None = None
+    if kind not in KINDS:
+        refuse(f"kind must be input, result or prediction, got {kind!r}", "")
+    if kind == "input" and has_input:
+        refuse("an input bundle derives from nothing, so it has no input", hints.drop_input)
+    if kind != "input" and not has_input:
+        refuse(f"a {kind} bundle must name its input snapshot", hints.name_input)
+    if kind == "result" and not has_job:
+        refuse("a result bundle must describe its job", hints.describe_job)
+    if kind != "result" and has_job:
+        refuse(f"a job is only for result bundles, not {kind}", hints.drop_job)
 
 
-class InputRef(_Model):
-    """The snapshot this bundle derives from, and the credential reference used to read it."""
-
-    version_id: VersionId
-    content_sha256: Sha256
-    credential_ref: NonEmpty | None = None
-
-    @property
-    def snapshot(self) -> SnapshotId:
-        """The input's identity without the credential reference."""
-        return SnapshotId(version_id=self.version_id, content_sha256=self.content_sha256)
-
-
-class SchemaField(_Model):
-    """One declared column: its name, its vocabulary type, and whether it may hold nulls."""
-
-    name: NonEmpty
-    type: Annotated[str, StringConstraints(max_length=64)]
-    nullable: bool
-
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, v: str) -> str:
-        fmt.to_arrow(v)  # raises UnknownType (a ValueError) with the vocabulary in its message
-        return v
-
-    @property
-    def arrow_type(self) -> pa.DataType:
-        """The Arrow type this field maps to."""
-        return fmt.to_arrow(self.type)
-
-
-class Schema(_Model):
-    """Declared columns, in column order."""
-
-    fields: list[SchemaField] = Field(min_length=1, max_length=MAX_COLUMNS)
-
-    @field_validator("fields")
-    @classmethod
-    def _unique_names(cls, v: list[SchemaField]) -> list[SchemaField]:
-        seen: set[str] = set()
-        for f in v:
-            if f.name in seen:
-                raise ValueError(f"column {f.name!r} is declared twice")
-            seen.add(f.name)
-        # The readers add ``x__valid`` beside a nullable ``x``: a declared one would collide.
-        nullable = {f.name for f in v if f.nullable}
-        for f in v:
-            base = f.name.removesuffix(fmt.VALID_SUFFIX)
-            if f.name.endswith(fmt.VALID_SUFFIX) and base in nullable:
-                raise ValueError(
-                    f"column {f.name!r} collides with the null mask the readers add for the "
-                    f"nullable column {base!r}; rename {f.name!r} or declare {base!r} non-null"
-                )
-        return v
-
-    @property
-    def names(self) -> list[str]:
-        """Column names in order."""
-        return [f.name for f in self.fields]
-
-    def field(self, name: str) -> SchemaField:
-        """Return the declared field ``name``, or raise ``KeyError`` naming the columns."""
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise KeyError(f"column {name!r} is not declared (declared: {', '.join(self.names)})")
-
-    def to_arrow(self) -> pa.Schema:
-        """The Arrow schema every part must have, nullability included."""
-        return pa.schema([pa.field(f.name, f.arrow_type, nullable=f.nullable) for f in self.fields])
-
-    @classmethod
-    def from_arrow(cls, schema: pa.Schema) -> Schema:
-        """Declare an Arrow schema in the vocabulary (dictionary strings become ``string``)."""
-        return cls(
-            fields=[
-                SchemaField(name=f.name, type=fmt.from_arrow(f.type), nullable=f.nullable)
-                for f in schema
-            ]
+def check_result_columns(schema: Schema) -> None:
+    """The result columns rule, raising ``ValueError``: a result bundle declares every
+    ``lithi_*`` result column, each with one of its allowed types."""
+    missing = [c for c in fmt.RESULT_COLUMNS if c not in schema.names]
+    if missing:
+        raise ValueError(
+            f"a result bundle needs the columns {', '.join(fmt.RESULT_COLUMNS)}; "
+            f"missing {', '.join(missing)}"
         )
-
-
-class FileEntry(_Model):
-    """A bound file: where it is in the bundle and exactly what it contains."""
-
-    path: NonEmpty
-    sha256: Sha256
-    bytes: Count
-    rows: Count
-
-    @field_validator("path")
-    @classmethod
-    def _relative(cls, v: str) -> str:
-        p = PurePosixPath(v)
-        if p.is_absolute() or ".." in p.parts or "\\" in v or str(p) != v:
-            # Its own error type: a path escaping the bundle is unsafe, not merely malformed.
-            raise PydanticCustomError(
-                "unsafe_path",
-                "path {path} must be a normalised relative path inside the bundle "
-                "(no leading '/', no '..', no '\\')",
-                {"path": repr(v)},
+    for name, allowed in fmt.RESULT_COLUMN_TYPES.items():
+        found = schema.field(name).type
+        if found not in allowed:
+            raise ValueError(
+                f"result column {name!r} must be declared {' or '.join(allowed)}, found {found}"
             )
-        return v
-
-
-class Counts(_Model):
-    """Item counts; result bundles add accepted/failed/abstained (summing to items), outstanding."""
-
-    items: Count
-    accepted: Count | None = None
-    failed: Count | None = None
-    abstained: Count | None = None
-    outstanding: Count | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_present(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # An input's counts are ``{"items": n}``: the result-only counts are absent, not null.
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-    @property
-    def by_status(self) -> dict[str, int]:
-        """Accepted, failed and abstained counts (zero where not a result bundle)."""
-        return {s: getattr(self, s) or 0 for s in fmt.STATUSES}
 
 
 class Manifest(_Model):
@@ -284,15 +205,10 @@ class Manifest(_Model):
         rows = sum(p.rows for p in self.parts)
         if self.counts.items != rows:
             raise _count(f"counts.items is {self.counts.items} but the parts hold {rows} rows")
-        if self.kind == "input" and self.input is not None:
-            raise ValueError("an input bundle has no input")
-        if self.kind != "input" and self.input is None:
-            raise ValueError(f"a {self.kind} bundle must name its input snapshot")
+        check_lineage(self.kind, has_input=self.input is not None, has_job=self.job is not None)
         if self.kind == "result":
             self._result_rules()
         else:
-            if self.job is not None:
-                raise ValueError(f"job is only for result bundles, not {self.kind}")
             if self.outstanding is not None:
                 raise ValueError("outstanding is only for result bundles")
             extra = [
@@ -303,44 +219,35 @@ class Manifest(_Model):
         return self
 
     def _result_rules(self) -> None:
-        if self.job is None:
-            raise ValueError("a result bundle must describe its job")
-        missing = [c for c in fmt.RESULT_COLUMNS if c not in self.schema_.names]
-        if missing:
-            raise ValueError(f"a result bundle must declare {missing}")
-        for name, allowed in fmt.RESULT_COLUMN_TYPES.items():
-            found = self.schema_.field(name).type
-            if found not in allowed:
-                raise ValueError(
-                    f"result column {name!r} must be declared {' or '.join(allowed)}, found {found}"
-                )
-        c = self.counts
-        if None in (c.accepted, c.failed, c.abstained, c.outstanding):
+        check_result_columns(self.schema_)
+        c, job = self.counts, self.job
+        accepted, failed, abstained, outstanding = c.accepted, c.failed, c.abstained, c.outstanding
+        if accepted is None or failed is None or abstained is None or outstanding is None:
             raise ValueError(
                 "a result bundle's counts need accepted, failed, abstained, outstanding"
             )
-        if c.accepted + c.failed + c.abstained != c.items:  # type: ignore[operator]
+        if accepted + failed + abstained != c.items:
             raise _count(
-                f"accepted {c.accepted} + failed {c.failed} + abstained {c.abstained} "
-                f"!= items {c.items}"
+                f"accepted {accepted} + failed {failed} + abstained {abstained} != items {c.items}"
             )
         out_rows = self.outstanding.rows if self.outstanding else 0
-        if c.outstanding != out_rows:
-            raise _count(f"counts.outstanding is {c.outstanding}, outstanding file has {out_rows}")
+        if outstanding != out_rows:
+            raise _count(f"counts.outstanding is {outstanding}, outstanding file has {out_rows}")
+        assert job is not None  # check_lineage refused a result without one
         partial = out_rows > 0
-        if partial != (self.job.status == "PARTIAL"):
+        if partial != (job.status == "PARTIAL"):
             raise _status(
-                f"job status {self.job.status} with {out_rows} outstanding items: a result "
+                f"job status {job.status} with {out_rows} outstanding items: a result "
                 "is PARTIAL exactly when it has outstanding items"
             )
         if partial:
-            na = self.job.next_action
+            na = job.next_action
             if na is None or na.items != out_rows:
                 raise _status(
                     f"a PARTIAL job needs next_action resubmit_outstanding with items={out_rows}"
                 )
-        elif self.job.next_action is not None:
-            raise _status(f"a {self.job.status} job has no next_action")
+        elif job.next_action is not None:
+            raise _status(f"a {job.status} job has no next_action")
 
     @property
     def bound_files(self) -> list[FileEntry]:
@@ -430,7 +337,7 @@ def _refuse_duplicate_keys(data: bytes, path: str) -> None:
     depth and free of huge numbers; Python's parser is safe on it.
     """
 
-    def pairs(items: list[tuple[str, object]]) -> dict:
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
         seen: set[str] = set()
         for key, _ in items:
             if key in seen:
@@ -451,16 +358,13 @@ def bundle_error(e: ValidationError, *, path: str = fmt.MANIFEST_NAME) -> Bundle
     callers can tell them apart; a mix of problems is a plain :class:`ManifestInvalid`. Each
     problem names its field, what was expected and what was found.
     """
-    problems = "; ".join(
-        f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}{_found(err)}"
-        for err in e.errors()
-    )
+    problems = one_line(e, each=lambda err: f"{location(err)}: {problem(err)}{_found(err)}")
     kinds = {_ERROR_TYPES.get(err["type"], ManifestInvalid) for err in e.errors()}
     cls = kinds.pop() if len(kinds) == 1 else ManifestInvalid
     return cls(f"{path} does not satisfy manifest v1: {problems}", path=path)
 
 
-def _found(err: dict) -> str:
+def _found(err: ErrorDetails) -> str:
     """`` (found <value>)`` for a scalar input, shortened; nothing for objects and lists."""
     value = err.get("input")
     if err["type"] in _ERROR_TYPES or isinstance(value, (dict, list)):
@@ -473,7 +377,7 @@ def _found(err: dict) -> str:
     return f" (found {text[:60]}{'...' if len(text) > 60 else ''})"
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     """The JSON Schema of manifest v1, as checked into ``docs/result-manifest.schema.json``."""
     schema = Manifest.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -10,7 +10,6 @@ as, and refusing, with the reason, what a format cannot hold. A read error is a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import one_line
 from pipeline.bundle.manifest import Schema
 
 FORMATS = ("parquet", "ipc", "csv", "jsonl")
@@ -42,7 +42,7 @@ TEXT_FORMATS = ("csv", "jsonl")
 BATCH_ROWS = 65_536
 #: JSON Lines block size: the longest line pyarrow can read must fit in one block.
 JSON_BLOCK_BYTES = 16 * 1024 * 1024
-#: The largest schema file read (a schema of 100,000 columns is about 8 MB).
+#: The largest schema file read: room for the most columns a manifest may declare.
 MAX_SCHEMA_FILE_BYTES = 16 * 1024 * 1024
 
 
@@ -107,14 +107,9 @@ def read_schema_file(path: str | Path) -> Schema:
     try:
         return Schema.model_validate_json(data, strict=True)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: "
-            + err["msg"].removeprefix("Value error, ")
-            for err in e.errors()
-        )
         raise SourceError(
             f'{path}: not a schema file ({{"fields": [{{"name", "type", "nullable"}}, ...]}}): '
-            f"{problems}"
+            f"{one_line(e)}"
         ) from None
 
 
@@ -289,30 +284,18 @@ def _same_columns(path: Path, expected: list[str], found: list[str], what: str) 
 def _cast_all(
     path: Path, batches: Iterator[pa.RecordBatch], target: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
-    """Each batch with each column safely cast to its declared type, in declared order."""
+    """Each batch as declared (:func:`~pipeline.bundle.format.conform`); a value that does not
+    fit its declared type is a :class:`SourceError` naming the file and the column."""
     for batch in batches:
-        cols = []
-        for f in target:
-            col = batch.column(batch.schema.get_field_index(f.name))
-            if pa.types.is_dictionary(col.type):
-                col = col.dictionary_decode()
-            if col.type != f.type:
-                try:
-                    col = col.cast(f.type)
-                except (pa.ArrowException, ValueError) as e:
-                    raise SourceError(
-                        f"{path}: column {f.name!r}: cannot read {col.type} values as the "
-                        f"declared {fmt.from_arrow(f.type)}: {_one_line(e)}"
-                    ) from None
-            cols.append(col)
-        yield pa.RecordBatch.from_arrays(cols, schema=target)
+        try:
+            yield fmt.conform(batch, target)
+        except fmt.CastRefused as e:
+            raise SourceError(
+                f"{path}: column {e.column!r}: cannot read {e.found} values as the "
+                f"declared {e.declared}: {e.reason}"
+            ) from None
 
 
 def _one_line(e: BaseException) -> str:
     """An exception's message on one line (pyarrow's sometimes span several)."""
     return " ".join(str(e).split()) or type(e).__name__
-
-
-def schema_file_text(schema: Schema) -> str:
-    """The schema file for ``schema`` (what :func:`read_schema_file` reads back)."""
-    return json.dumps(schema.model_dump(mode="json"), indent=2) + "\n"

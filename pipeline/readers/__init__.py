@@ -13,20 +13,10 @@ from pipeline.readers.batches import (
     confidence_weights,
     select_rows,
 )
-from pipeline.readers.datasets import (
-    IdleOwnerWarning,
-    MapDataset,
-    OwnerSampler,
-    PartIterableDataset,
-)
 from pipeline.readers.index import Index, IndexMismatch
-from pipeline.readers.loader import (
-    ReaderLoader,
-    ResumeMismatch,
-    SplitLoader,
-    make_loader,
-    set_epoch,
-)
+from pipeline.readers.iterable import IdleOwnerWarning, PartIterableDataset
+from pipeline.readers.loader import ReaderLoader, ResumeMismatch, make_loader, set_epoch
+from pipeline.readers.map_style import MapDataset
 from pipeline.readers.owner import NoProcessGroupWarning, Owner, SplitMismatch, process_rank
 from pipeline.readers.reconcile import (
     OwnerCounts,
@@ -36,6 +26,7 @@ from pipeline.readers.reconcile import (
     reconcile,
     reconcile_distributed,
 )
+from pipeline.readers.sampler import OwnerSampler
 from pipeline.readers.split import SplitPlan, plan_split
 from pipeline.readers.tensors import VALID_SUFFIX, Batch, ValueOverflow, to_batch
 
@@ -56,7 +47,6 @@ __all__ = [
     "ReaderLoader",
     "ResumeMismatch",
     "Row",
-    "SplitLoader",
     "SplitMismatch",
     "SplitPlan",
     "Tally",

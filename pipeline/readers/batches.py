@@ -29,7 +29,7 @@ class Row(dict):
         super().__init__(values)
         self.ragged = ragged
 
-    def __reduce__(self):  # a DataLoader worker pickles rows to the main process
+    def __reduce__(self) -> tuple[Any, ...]:  # a DataLoader worker pickles rows to main
         return (Row, (dict(self), self.ragged))
 
 
@@ -46,7 +46,7 @@ def collate_batches(batch: Any) -> Any:
     if isinstance(batch, dict):
         return batch
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(r, dict) for r in batch):
-        ragged = getattr(batch[0], "ragged", frozenset())
+        ragged: frozenset[str] = getattr(batch[0], "ragged", frozenset())
         out: dict[str, Any] = {}
         for key in batch[0]:
             values = [row[key] for row in batch]
@@ -96,8 +96,10 @@ def confidence_weights(batch: Batch) -> torch.Tensor:
     conf = batch.get(fmt.CONFIDENCE_COLUMN)
     if conf is None:
         raise KeyError(f"batch has no {fmt.CONFIDENCE_COLUMN!r}: only result bundles have it")
-    conf = conf.to(torch.float32)
     valid = batch.get(fmt.CONFIDENCE_COLUMN + VALID_SUFFIX)
+    if not isinstance(conf, torch.Tensor) or not isinstance(valid, torch.Tensor | None):
+        raise TypeError(f"{fmt.CONFIDENCE_COLUMN!r} in a batch is a float32 tensor (and its mask)")
+    conf = conf.to(torch.float32)
     if valid is None:
         valid = ~torch.isnan(conf)
     return torch.where(valid, conf, torch.zeros_like(conf))

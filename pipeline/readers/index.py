@@ -35,6 +35,17 @@ class IndexMismatch(BundleError):
     """A saved index does not belong to the bundle it is loaded against, or was altered."""
 
 
+def as_index(obj: object, what: str) -> Index:
+    """``obj`` if it is an :class:`Index`, else the index of the verified snapshot it must be.
+
+    Anything but an index or a :class:`~pipeline.bundle.VerifiedSnapshot` raises
+    :class:`~pipeline.bundle.errors.NotVerified` naming ``what`` asked for it.
+    """
+    if isinstance(obj, Index):
+        return obj
+    return Index.from_snapshot(require_verified(obj, what))
+
+
 def _ids_sha256(ids: pa.StringArray) -> str:
     """Digest of the ids as a sequence: offsets rebased to zero plus the value bytes."""
     ids = pa.concat_arrays([ids]) if ids.offset else ids  # a fresh array starts at offset 0
@@ -95,6 +106,11 @@ class Index:
     def part_paths(self) -> list[Path]:
         """Absolute paths of the parts, in manifest order."""
         return self.snapshot.part_paths()
+
+    @property
+    def snapshot_tag(self) -> str:
+        """``"<version_id>:<content_sha256>"``: what names the data in a reader's split or state."""
+        return self.snapshot.identity.tag
 
     @property
     def is_result(self) -> bool:

@@ -34,7 +34,7 @@ import pyarrow.ipc as ipc
 try:  # POSIX only; without it every worker decodes for itself, as before
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # None is how available() tells no flock
 
 #: Directory names start with this, then the owner's pid namespace and pid:
 #: ``lithi-parts-<pidns>-<pid>-<random>`` (a pid means something only in its own namespace).
@@ -185,7 +185,9 @@ class SharedParts:
             else:
                 out[p] = table
         for p in busy:
-            out[p] = self._claim(p, decode, wait=True)  # type: ignore[assignment]
+            table = self._claim(p, decode, wait=True)
+            assert table is not None  # only a claim that does not wait comes back empty
+            out[p] = table
         return out
 
     def _open(self, p: int) -> pa.Table | None:

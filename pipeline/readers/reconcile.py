@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +50,7 @@ class OwnerCounts:
         """Every id yielded, in order, as one chunked string array."""
         return pa.chunked_array(self.id_chunks, type=pa.string())
 
-    def __reduce__(self):  # pickle ids as one compact array for all_gather_object
+    def __reduce__(self) -> tuple[Any, ...]:  # ids as one compact array for all_gather_object
         ids = self.ids().combine_chunks() if self.id_chunks else pa.array([], pa.string())
         return (OwnerCounts, (dict(self.by_status), [ids], self.label))
 

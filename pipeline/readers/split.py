@@ -1,21 +1,21 @@
-"""Who owns which item: pure functions of sizes and owner coordinates, no I/O, no torch.
+"""Who owns which item, and in what order: pure functions of sizes and owner coordinates.
 
 Ownership is laid out first and a shuffle is applied only inside an owner's share, so no seed,
 epoch or worker can ever move an item to a second owner (the lesson of MosaicML Streaming's
-partitioning, without its padding). Nothing here pads, repeats or drops an item.
-:func:`plan_split` proves a planned split exactly-once by running these same functions.
+partitioning, without its padding). Nothing here pads, repeats or drops an item, reads a file or
+imports torch. :func:`owner_stream` is the one definition of an iterable owner's row order, read
+by the iterable reader and by its resume positions alike; :func:`plan_split` proves a planned
+split exactly-once by running these same functions.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-#: Bound on the move/swap steps :func:`balance` takes after its greedy pass.
-_MAX_STEPS = 256
+from pipeline.readers.balance import balance
 
 
 def _check_owner(index: int, count: int, what: str) -> None:
@@ -100,99 +100,14 @@ def parts_by_owner(
     return out
 
 
-def rank_parts(part_rows: Sequence[int], world_size: int) -> list[list[int]]:
+def _rank_parts(part_rows: Sequence[int], world_size: int) -> list[list[int]]:
     """The parts each rank's workers share on the iterable path (independent of worker counts)."""
     return parts_by_owner(part_rows, world_size)
 
 
 def iterable_rank_rows(part_rows: Sequence[int], world_size: int) -> list[int]:
     """Rows each rank reads on the iterable path: the per-rank spread to report and watch."""
-    return [sum(part_rows[p] for p in ps) for ps in rank_parts(part_rows, world_size)]
-
-
-def balance(rows: Sequence[int], items: Iterable[int], n_bins: int) -> list[list[int]]:
-    """Split whole ``items`` (indices into ``rows``) into ``n_bins`` sorted lists, even by rows.
-
-    Greedy longest-processing-time first: items by decreasing rows (ties: lower index) each go to
-    the bin with the fewest rows so far (ties: fewer items, so empty items spread out too, then
-    lower bin). Then, while it narrows the gap between the heaviest and the lightest bin, one
-    item moves from the heaviest to the lightest or two items swap between them. Deterministic
-    from the row counts alone; the loads only ever move towards each other, so the spread stays
-    within the largest item's rows.
-    """
-    if n_bins < 1:
-        raise ValueError(f"bin count must be >= 1, got {n_bins}")
-    order = sorted(items, key=lambda p: (-rows[p], p))
-    heap = [(0, 0, b) for b in range(n_bins)]  # (rows, items held, bin)
-    bins: list[list[int]] = [[] for _ in range(n_bins)]
-    loads = [0] * n_bins
-    for p in order:
-        load, held, b = heapq.heappop(heap)
-        bins[b].append(p)
-        loads[b] = load + rows[p]
-        heapq.heappush(heap, (loads[b], held + 1, b))
-    for _ in range(_MAX_STEPS):  # each step lowers the sum of squared loads, so it ends anyway
-        hi = max(range(n_bins), key=lambda b: (loads[b], -b))
-        lo = min(range(n_bins), key=lambda b: (loads[b], b))
-        step = _narrowing_step(rows, bins[hi], bins[lo], loads[hi] - loads[lo])
-        if step is None:
-            break
-        give, take = step  # give moves hi -> lo; take (or None) moves lo -> hi
-        bins[hi].remove(give)
-        bins[lo].append(give)
-        delta = rows[give]
-        if take is not None:
-            bins[lo].remove(take)
-            bins[hi].append(take)
-            delta -= rows[take]
-        loads[hi] -= delta
-        loads[lo] += delta
-    return [sorted(b) for b in bins]
-
-
-def _narrowing_step(
-    rows: Sequence[int], heavy: list[int], light: list[int], gap: int
-) -> tuple[int, int | None] | None:
-    """The move or swap between two bins that leaves them closest to equal, if any narrows them.
-
-    Moving ``d`` rows from the heavy bin to the light one leaves a gap of ``|gap - 2d|``, which
-    is narrower exactly when ``0 < d < gap``. Ties go to a move, then to the lower part index.
-    """
-    if gap <= 1 or not heavy:
-        return None
-    h = np.array(sorted(heavy, key=lambda p: (rows[p], p)), dtype=np.int64)
-    hv = np.array([rows[p] for p in h], dtype=np.int64)
-    best: tuple[int, int, int, int] | None = None  # (new gap, kind, give, take)
-    ok = (hv > 0) & (hv < gap)
-    if ok.any():
-        k = np.flatnonzero(ok)
-        scores = np.abs(gap - 2 * hv[k])
-        j = k[np.argmin(scores)]
-        best = (int(np.abs(gap - 2 * hv[j])), 0, int(h[j]), -1)
-    if light:
-        lp = np.array(sorted(light, key=lambda p: (rows[p], p)), dtype=np.int64)
-        lv = np.array([rows[p] for p in lp], dtype=np.int64)
-        # for each heavy item, the light items nearest to (its rows - gap / 2)
-        at = np.searchsorted(2 * lv, 2 * hv - gap)
-        for cand in (at - 1, at):
-            valid = (cand >= 0) & (cand < len(lv))
-            if not valid.any():
-                continue
-            i = np.flatnonzero(valid)
-            d = hv[i] - lv[cand[i]]
-            good = (d > 0) & (d < gap)
-            if not good.any():
-                continue
-            i = i[good]
-            scores = np.abs(gap - 2 * (hv[i] - lv[cand[i]]))
-            j = int(np.argmin(scores))
-            option = (int(scores[j]), 1, int(h[i[j]]), int(lp[cand[i[j]]]))
-            if best is None or option < best:
-                best = option
-    if best is None or best[0] >= gap:
-        return None
-    _, kind, give, take = best
-    return (give, None) if kind == 0 else (give, take)
+    return [sum(part_rows[p] for p in ps) for ps in _rank_parts(part_rows, world_size)]
 
 
 def owner_index(rank: int, world_size: int, worker: int, num_workers: int) -> tuple[int, int]:
@@ -232,6 +147,136 @@ def row_order(
 ) -> np.ndarray:
     """The order an owner yields the rows of one row group in when shuffling (a permutation)."""
     return np.random.default_rng([seed, epoch, owner, part, 1, group]).permutation(n_rows)
+
+
+# -- an iterable owner's stream -------------------------------------------------------------
+
+
+def owner_parts(
+    part_rows: Sequence[int],
+    owner: int,
+    n_owners: int,
+    workers_per_rank: int = 1,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+) -> list[int]:
+    """The whole parts owner ``owner`` of ``n_owners`` streams this epoch, in streaming order."""
+    mine = assign_parts(part_rows, owner, n_owners, workers_per_rank)
+    return part_order(mine, shuffle=shuffle, seed=seed, epoch=epoch, owner=owner)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of an owner's stream: the rows of one part, or of one of its row groups.
+
+    An unshuffled stream reads each part whole, in stored order (``group`` is None); a shuffled
+    one reads row group ``group``, its rows permuted by ``shuffled_by`` = (seed, epoch, owner).
+    ``first`` is the part's row where the stretch begins, ``rows`` how many rows it holds and
+    ``skip`` how many of them, in stream order, were delivered before the stream (re)started.
+    """
+
+    part: int
+    group: int | None
+    first: int
+    rows: int
+    skip: int = 0
+    shuffled_by: tuple[int, int, int] | None = None
+
+    def order(self) -> np.ndarray:
+        """The part rows this stretch yields, relative to ``first``, in stream order."""
+        if self.shuffled_by is None or self.group is None:
+            return np.arange(self.skip, self.rows, dtype=np.int64)
+        seed, epoch, owner = self.shuffled_by
+        order = row_order(
+            self.rows, seed=seed, epoch=epoch, owner=owner, part=self.part, group=self.group
+        )
+        return order[self.skip :] if self.skip else order
+
+
+def owner_stream(
+    part_rows: Sequence[int],
+    group_rows: Callable[[int], Sequence[int]],
+    owner: int,
+    n_owners: int,
+    workers_per_rank: int = 1,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    start: int = 0,
+) -> Iterator[Segment]:
+    """Owner ``owner``'s stream this epoch, from its row ``start`` on, as segments in order.
+
+    The owner reads its whole parts (:func:`owner_parts`) and, with ``shuffle``, each part's row
+    groups in :func:`row_group_order` and each row group's rows in :func:`row_order`. What lies
+    before ``start`` is left out: whole parts and row groups are not named at all, and the
+    segment holding ``start`` skips its delivered rows. ``group_rows(part)`` gives the row
+    group sizes of a part; it is asked only when shuffling, only for a non-empty part the
+    stream reaches, and only when the segments are drawn that far (they come lazily), so a
+    reader can open each part when the plan first needs it.
+    """
+    parts = owner_parts(
+        part_rows, owner, n_owners, workers_per_rank, shuffle=shuffle, seed=seed, epoch=epoch
+    )
+    total = sum(part_rows[p] for p in parts)
+    if not 0 <= start <= total:
+        raise ValueError(f"resume point {start} is past the {total} rows owner {owner} streams")
+    return _segments(part_rows, group_rows, parts, (seed, epoch, owner) if shuffle else None, start)
+
+
+def _segments(
+    part_rows: Sequence[int],
+    group_rows: Callable[[int], Sequence[int]],
+    parts: list[int],
+    shuffled_by: tuple[int, int, int] | None,
+    skip: int,
+) -> Iterator[Segment]:
+    for p in parts:
+        rows = int(part_rows[p])
+        if skip and skip >= rows:  # delivered before the resume point
+            skip -= rows
+            continue
+        if shuffled_by is None or rows == 0:
+            yield Segment(p, None, 0, rows, skip)
+            skip = 0
+            continue
+        sizes = [int(n) for n in group_rows(p)]
+        if sum(sizes) != rows:
+            raise ValueError(f"part {p} holds {rows} rows, its row groups {sum(sizes)}")
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        seed, epoch, owner = shuffled_by
+        groups = row_group_order(
+            len(sizes), shuffle=True, seed=seed, epoch=epoch, owner=owner, part=p
+        )
+        for g in groups.tolist():
+            if skip and skip >= sizes[g]:  # delivered before the resume point
+                skip -= sizes[g]
+                continue
+            yield Segment(p, g, int(starts[g]), sizes[g], skip, shuffled_by)
+            skip = 0
+
+
+def stream_positions(
+    segments: Iterable[Segment], part_offsets: Sequence[int] | np.ndarray, stop: int | None = None
+) -> np.ndarray:
+    """Index positions of ``segments``' rows in order (their first ``stop``), as ``int64``.
+
+    Stops drawing segments once ``stop`` rows are named, so a lazy plan reads no further.
+    """
+    out: list[np.ndarray] = []
+    left = stop
+    if left is None or left > 0:
+        for seg in segments:
+            pos = int(part_offsets[seg.part]) + seg.first + seg.order()
+            if left is not None:
+                pos = pos[:left]
+                left -= len(pos)
+            out.append(pos)
+            if left is not None and left <= 0:
+                break
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 # -- proving a planned split ----------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -48,10 +48,6 @@ _INT64_MAX = 2**63 - 1
 
 class ValueOverflow(ValueError):
     """A uint64 value does not fit the int64 tensor its column maps to."""
-
-
-def _element(type_name: str) -> str:
-    return type_name[type_name.index("<") + 1 : type_name.rindex(">")].split(",")[0]
 
 
 def _from_numpy(arr: np.ndarray) -> torch.Tensor:
@@ -114,11 +110,11 @@ def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str,
         else:
             out[f.name] = _own_buffers(arr)  # to Python lists in wire_to_batch
         return out
-    if t.startswith("list<"):  # values and lengths; a null list is an empty one
-        flat = _scalars(arr.flatten(), _element(t), f.name)
+    if f.is_list:  # values and lengths; a null list is an empty one
+        flat = _scalars(arr.flatten(), f.element, f.name)
         out[f.name] = Ragged(flat, np.diff(arr.offsets.to_numpy()))
         return out
-    if t.startswith("fixed_size_list<"):
+    if f.is_fixed_size_list:
         n = arr.type.list_size
         # a null row is filled like a null scalar (NaN for floats, 0/False otherwise); its slot
         # in the child array may hold anything, so it is replaced, not trusted
@@ -127,7 +123,7 @@ def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str,
             if arr.null_count
             else arr.flatten()
         )
-        out[f.name] = _scalars(values, _element(t), f.name).reshape(len(arr), n)
+        out[f.name] = _scalars(values, f.element, f.name).reshape(len(arr), n)
     else:
         out[f.name] = _scalars(arr, t, f.name)
     if f.nullable:
@@ -177,7 +173,7 @@ class Ragged(NamedTuple):
     lengths: np.ndarray
 
 
-def _finish(value: object) -> object:
+def _finish(value: object) -> torch.Tensor | list[Any]:
     if isinstance(value, np.ndarray):
         return _from_numpy(value)
     if isinstance(value, Coded):
@@ -185,17 +181,12 @@ def _finish(value: object) -> object:
     if isinstance(value, Ragged):
         flat = _from_numpy(value.values)
         return list(torch.split(flat, value.lengths.tolist())) if len(value.lengths) else []
-    return value.to_pylist()  # type: ignore[attr-defined]
+    return cast(pa.Array, value).to_pylist()  # the rest are Arrow arrays (see Wire)
 
 
 def wire_to_batch(wire: dict[str, object]) -> Batch:
     """Finish a :class:`Wire` batch: numpy to tensors (zero-copy), Arrow strings to lists."""
-    return {k: _finish(v) for k, v in wire.items()}  # type: ignore[misc]
-
-
-def column_to_torch(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str, object]:
-    """Convert one column to its declared batch form: ``{name: value[, name__valid: mask]}``."""
-    return wire_to_batch(column_to_wire(col, f))
+    return {k: _finish(v) for k, v in wire.items()}
 
 
 def _null_fill_list(list_type: pa.FixedSizeListType) -> pa.Scalar:

@@ -29,12 +29,9 @@ from pipeline.training.trainer import FeatureSet, TrainerError
 
 Task = Literal["classification", "regression"]
 
-_NUMERIC = {
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "date32", "timestamp[us,UTC]",
-}  # fmt: skip
+_NUMERIC = set(fmt.NUMERIC_TYPES)
 _INTEGER_LABELS = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"}
-_FLOATS = {"float16", "float32", "float64"}
+_FLOATS = set(fmt.FLOAT_TYPES)
 
 
 class FeatureColumn(BaseModel):
@@ -102,11 +99,9 @@ def _spec_tensors(
 
 def _base_type(f: SchemaField) -> tuple[str, int] | None:
     """``(scalar type, width)`` of a column usable as a feature, else ``None``."""
-    t = f.type
-    if t.startswith("fixed_size_list<"):
-        elem, n = t[len("fixed_size_list<") : -1].rsplit(",", 1)
-        return (elem, int(n)) if elem in _NUMERIC else None
-    return (t, 1) if t in _NUMERIC else None
+    if f.width is None or f.element not in _NUMERIC:  # a list<T> has no fixed width
+        return None
+    return f.element, f.width
 
 
 def _why_not(f: SchemaField) -> str:
@@ -115,7 +110,7 @@ def _why_not(f: SchemaField) -> str:
         return "string: text is not a numeric feature (encode it yourself)"
     if t == "binary":
         return "binary: not a numeric feature"
-    if t.startswith("list<"):
+    if f.is_list:
         return f"{t}: variable length, the model takes fixed-width input"
     return f"{t}: not a numeric feature"
 
@@ -195,7 +190,14 @@ def check_label(schema: Schema, label: str, task: Task) -> SchemaField:
 
 
 def _columns(fields: list[SchemaField]) -> list[FeatureColumn]:
-    return [FeatureColumn(name=f.name, width=_base_type(f)[1], nullable=f.nullable) for f in fields]
+    """The chosen fields as feature columns (each already checked usable by choose_features)."""
+    columns = []
+    for f in fields:
+        base = _base_type(f)
+        if base is None:
+            raise TrainerError(f"column {f.name!r} is {f.type}: {_why_not(f)}")
+        columns.append(FeatureColumn(name=f.name, width=base[1], nullable=f.nullable))
+    return columns
 
 
 def _values(batch: dict, col: FeatureColumn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +268,7 @@ def fit_spec(
                 classes.update(v for v, k in zip(y, keep.tolist(), strict=True) if k)
             else:  # a handful of distinct values per batch, found without a Python loop
                 classes.update(torch.unique(y[keep]).tolist())
-        else:
+        elif isinstance(y, torch.Tensor):  # a regression label is numeric (check_label)
             yv = y.to(torch.float64)[keep]
             target += torch.stack([keep.sum().to(torch.float64), yv.sum(), (yv * yv).sum()])
     if world_size > 1:
@@ -279,21 +281,33 @@ def fit_spec(
     mean = sums[1] / n
     std = (sums[2] / n - mean * mean).clamp(min=0).sqrt()
     std = torch.where(std > 1e-8, std, torch.ones_like(std))
-    spec = {"task": task, "label": label, "columns": columns}
     if task == "classification":
         if len(classes) < 2:
             raise TrainerError(
                 f"label {label!r} holds {len(classes)} class(es) among the rows used for "
                 "fitting; a classifier needs at least two"
             )
-        return FeatureSpec(**spec, mean=mean.tolist(), std=std.tolist(), classes=sorted(classes))
+        return FeatureSpec(
+            task=task,
+            label=label,
+            columns=columns,
+            mean=mean.tolist(),
+            std=std.tolist(),
+            classes=sorted(classes),
+        )
     tn = target[0].clamp(min=1)
     t_mean = float(target[1] / tn)
     t_std = float((target[2] / tn - t_mean * t_mean).clamp(min=0).sqrt()) or 1.0
     if target[0] == 0:
         raise TrainerError(f"label {label!r} has no value among the rows used for fitting")
     return FeatureSpec(
-        **spec, mean=mean.tolist(), std=std.tolist(), target_mean=t_mean, target_std=t_std
+        task=task,
+        label=label,
+        columns=columns,
+        mean=mean.tolist(),
+        std=std.tolist(),
+        target_mean=t_mean,
+        target_std=t_std,
     )
 
 
@@ -325,15 +339,17 @@ def class_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.T
         return index.clamp(min=0), valid & (index >= 0)
     # Integer classes are sorted (fit_spec sorts them): a binary search per row, vectorised.
     known = spec.tensors(raw.device).classes
-    assert known is not None  # integer classes (the branch above takes string ones)
-    values = raw.to(torch.int64)
-    index = torch.searchsorted(known, values).clamp(max=len(known) - 1)
-    return index, valid & (known[index] == values)
+    assert known is not None  # integer classes: the branch above takes string ones
+    numbers = raw.to(torch.int64)
+    found = torch.searchsorted(known, numbers).clamp(max=len(known) - 1)
+    return found, valid & (known[found] == numbers)
 
 
 def regression_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The label standardised by the fitted mean and std, and a mask of rows that have one."""
     raw, valid = labels(batch, spec.label)
+    if isinstance(raw, list):
+        raise TrainerError(f"label {spec.label!r} holds strings: not a regression target")
     y = raw.to(torch.float64)
     y = torch.where(valid, (y - spec.target_mean) / spec.target_std, 0.0)
     return y.to(torch.float32), valid

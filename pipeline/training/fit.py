@@ -139,6 +139,31 @@ def row_loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
     return nn.functional.mse_loss(out.squeeze(1), y, reduction="none")
 
 
+def train_step(
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor,
+    sums: torch.Tensor,
+    config: ReferenceConfig,
+) -> None:
+    """One optimizer step on a batch's rows weighted by ``w``; ``sums`` (on the device) gains
+    the weighted loss and the weight, so nothing here makes the host wait for the GPU.
+
+    Every rank steps on every batch it has, even one with no kept row, so DDP's gradient
+    all-reduce always has all non-joined ranks.
+    """
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=config.amp):
+        per_row = row_loss(net(x), y, config.task).float()
+    loss = (per_row * w).sum() / w.sum().clamp(min=1e-8)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sums[0] += (per_row * w).sum().detach().double()
+    sums[1] += w.sum().double()
+
+
 def fit_reference(ctx: FitContext) -> FitResult:
     """Choose features, fit their normalisation, train, evaluate, and write the checkpoint."""
     config: ReferenceConfig = ctx.config
@@ -196,33 +221,20 @@ def fit_reference(ctx: FitContext) -> FitResult:
                 f"{done} of {batches} batches done"
             )
     net: nn.Module = model
+    ddp: nn.parallel.DistributedDataParallel | None = None
     if ctx.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
-        net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp)
+        net = ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     for epoch in range(first_epoch, config.epochs):
         if not (resumed is not None and epoch == first_epoch):
             loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
             done = 0
             sums.zero_()
-        join = (
-            torch.distributed.algorithms.Join([net])
-            if ctx.world_size > 1
-            else contextlib.nullcontext()
-        )
+        join = contextlib.nullcontext() if ddp is None else torch.distributed.algorithms.Join([ddp])
         with join:
             for batch in loader:
                 x, y, w = step_tensors(batch, spec, config, index.id_field, has_status, device)
-                with autocast:
-                    per_row = row_loss(net(x), y, config.task).float()
-                # Every rank steps on every batch it has, even one with no kept row, so DDP's
-                # gradient all-reduce always has all non-joined ranks.
-                loss = (per_row * w).sum() / w.sum().clamp(min=1e-8)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sums[0] += (per_row * w).sum().detach().double()
-                sums[1] += w.sum().double()
+                train_step(net, opt, x, y, w, sums, config)
                 step, done = step + 1, done + 1
                 # A cut only where every rank has stepped as often (none has run out yet).
                 if done <= common and ctx.progress.due(step):
@@ -277,13 +289,13 @@ def evaluate_model(
         if index.is_result:
             ok = ok & tensor_to(accepted_mask(batch), device)
         hold = tensor_to(holdout_mask(batch[index.id_field], config.holdout_percent), device)
-        out = model(to_features(batch, spec)).float()
+        logits = model(to_features(batch, spec)).float()
         for k, part in enumerate((ok & hold, ok & ~hold)):
             acc[3 * k] += part.sum().double()
             if spec.task == "classification":
-                acc[3 * k + 1] += ((out.argmax(1) == y) & part).sum().double()
+                acc[3 * k + 1] += ((logits.argmax(1) == y) & part).sum().double()
             else:
-                err = (out.squeeze(1) - y) * spec.target_std
+                err = (logits.squeeze(1) - y) * spec.target_std
                 acc[3 * k + 1] += (err * err)[part].sum().double()
                 acc[3 * k + 2] += err.abs()[part].sum().double()
     totals = _all_sum(acc.tolist(), ctx.world_size)

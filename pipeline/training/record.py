@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict
 
@@ -57,6 +57,8 @@ class OutputRecord(BaseModel):
     bundle_path: str
     training_record: str
     training: TrainingRecord
+    published_url: str | None = None  # where the bundle was also published (LITHI_PUBLISH_URL)
+    published_training_url: str | None = None  # where checkpoint, records were published
 
 
 def write_record(directory: str | os.PathLike, record: BaseModel) -> Path:
@@ -71,8 +73,13 @@ def record_text(record: BaseModel) -> str:
     return record.model_dump_json(indent=2) + "\n"
 
 
-def read_record(path: str | os.PathLike, kind: type[M] = TrainingRecord) -> M:  # type: ignore[assignment]
-    """Read a record written by :func:`write_record` as ``kind``."""
+@overload
+def read_record(path: str | os.PathLike) -> TrainingRecord: ...
+@overload
+def read_record(path: str | os.PathLike, kind: type[M]) -> M: ...
+def read_record(path: str | os.PathLike, kind: type[BaseModel] = TrainingRecord) -> BaseModel:
+    """Read a record written by :func:`write_record` as ``kind`` (a training record unless
+    told otherwise)."""
     return kind.model_validate_json(Path(path).read_text())
 
 

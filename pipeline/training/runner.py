@@ -14,13 +14,13 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.bundle.atomic import atomic_write_text
+from pipeline.bundle.atomic import READ_ONLY, atomic_write_text
 from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
@@ -138,19 +138,21 @@ def run_fit(
     return FitRun(result, report, ctx.passes.completed, resumed, ctx.device.type)
 
 
+class FitOptions(TypedDict, total=False):
+    """:func:`run_fit`'s keyword arguments but the output directory, as :func:`train_once`
+    passes them on."""
+
+    rank: int
+    world_size: int
+    num_workers: int
+    log: Callable[[str], None]
+    progress_dir: Path | None
+    checkpoint_every: int
+    device: torch.device | str
+
+
 def train_once(
-    trainer: Trainer,
-    index: Index,
-    config: Any,
-    out: Path,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-    num_workers: int = 0,
-    log: Callable[[str], None] = print,
-    progress_dir: Path | None = None,
-    checkpoint_every: int = 0,
-    device: torch.device | str = "cpu",
+    trainer: Trainer, index: Index, config: Any, out: Path, **options: Unpack[FitOptions]
 ) -> TrainSummary | None:
     """One training run into ``out``, the same in a Dagster step and on every torchrun rank.
 
@@ -161,25 +163,14 @@ def train_once(
     and the fit resumes from its last mid-fit cut and writes the checkpoint afresh.
     """
     out = Path(out)
+    rank, world_size = options.get("rank", 0), options.get("world_size", 1)
     checkpoint_dir = out / CHECKPOINT_DIR
     if rank == 0 and checkpoint_dir.exists() and not (out / OUTCOME).exists():
         shutil.rmtree(checkpoint_dir)
     if world_size > 1:
         dist.barrier()  # no rank writes into the folder rank 0 is clearing
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    run = run_fit(
-        trainer,
-        index,
-        config,
-        output_dir=checkpoint_dir,
-        rank=rank,
-        world_size=world_size,
-        num_workers=num_workers,
-        log=log,
-        progress_dir=progress_dir,
-        checkpoint_every=checkpoint_every,
-        device=device,
-    )
+    run = run_fit(trainer, index, config, output_dir=checkpoint_dir, **options)
     if world_size > 1:
         dist.barrier()  # rank 0 hashes the checkpoint only once every rank has finished fit
     if rank != 0:
@@ -218,7 +209,7 @@ def hash_checkpoint(directory: Path) -> CheckpointFiles:
     rel = [p.relative_to(directory).as_posix() for p in paths]
     digests = sha256_files(paths)
     for p in paths:
-        os.chmod(p, 0o444)
+        os.chmod(p, READ_ONLY)
     files = dict(zip(rel, digests, strict=True))
     return CheckpointFiles(files=files, sha256=content_sha256((d, r) for r, d in files.items()))
 

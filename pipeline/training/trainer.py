@@ -48,6 +48,7 @@ import pyarrow as pa
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pipeline.bundle.errors import one_line
 from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import OwnerCounts, Tally
@@ -283,10 +284,7 @@ class Trainer(abc.ABC):
         try:
             return self.Config.model_validate(data)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(x) for x in err['loc']) or '<config>'}: {err['msg']}"
-                for err in e.errors()
-            )
+            problems = one_line(e, root="<config>")
             raise TrainerError(f"{type(self).__name__} config: {problems}") from None
 
 

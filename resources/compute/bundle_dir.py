@@ -1,8 +1,9 @@
 """A result bundle at a URL, with no Compute service behind it, seen as a read-only Compute job.
 
 ``LITHI_BUNDLE_URL`` points the chain at one bundle (a plain path, ``file://``, ``s3://`` with a
-credential reference). Its newer versions are the bundles beside it, in the same parent
-directory, whose manifest names it as ``job.parent_version_id`` — the way a Compute service
+credential reference; an S3-compatible store's endpoint comes from ``AWS_ENDPOINT_URL_S3``). Its
+newer versions are the bundles beside it, in the same parent directory (the same prefix of a
+bucket), whose manifest names it as ``job.parent_version_id`` — the way a Compute service
 publishes a resubmission's result. :class:`BundleDirectory` presents that lineage through the
 :class:`~resources.compute.client.ComputeClient` interface, so the result manifest asset and the
 sensor treat it like any job: the newest version in the lineage is the job's latest, and the
@@ -63,6 +64,9 @@ class BundleDirectory(ComputeClient):
         first = self._manifest(self.url)
         fs, root = self.store.open_location(self.url, self.credential_ref)
         parent = posixpath.dirname(root.rstrip("/"))
+        # Object-store clients cache listings per instance (s3fs for as long as the process
+        # lives when no credential makes the instance private): a new version must be seen.
+        fs.invalidate_cache()
         siblings: dict[str, list[tuple[str, Manifest]]] = {}
         for entry in fs.ls(parent, detail=False):
             path = entry.rstrip("/")

@@ -30,6 +30,9 @@ class ChainSettings(dg.ConfigurableResource):
     checkpoint_every: NonNegativeInt = 200  # optimizer steps between mid-fit cuts; 0 never
     torchrun_max_restarts: NonNegativeInt = 1  # torchrun restarts every rank when one dies
     device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
+    # where each output bundle is also published, as <publish_url>/<version_id>/ (empty: not)
+    publish_url: str = ""
+    publish_credential_ref: str = ""  # registered reference used to write there, if any
 
     @classmethod
     def from_env(cls, env: LithiEnv) -> ChainSettings:
@@ -47,6 +50,8 @@ class ChainSettings(dg.ConfigurableResource):
             checkpoint_every=env.checkpoint_every,
             torchrun_max_restarts=env.torchrun_max_restarts,
             device=env.device,
+            publish_url=env.publish_url,
+            publish_credential_ref=env.publish_credential_ref,
         )
 
     @property

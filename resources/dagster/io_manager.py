@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from pipeline.bundle.atomic import atomic_path, atomic_write_text
+from pipeline.bundle.atomic import atomic_path, atomic_write_text, is_read_only
 from pipeline.bundle.digest import sha256_file
 from pipeline.bundle.errors import BundleError, DigestMismatch
 from pipeline.bundle.fingerprint import Fingerprint, matches
@@ -145,7 +145,7 @@ def _producing_run(context: dg.InputContext) -> str:
 
 def _read_only(path: Path) -> bool:
     try:
-        return not path.stat().st_mode & 0o222
+        return is_read_only(path.stat().st_mode)
     except OSError:
         return False
 

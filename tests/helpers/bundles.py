@@ -7,25 +7,38 @@ string ids with leading zeros, a vector feature and every ``lithi_*`` column.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.digest import content_sha256, sha256_file
-from pipeline.bundle.manifest import InputRef, JobInfo
+from pipeline.bundle.manifest import InputRef, JobInfo, Schema
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import VerifiedSnapshot, check, verify
 
 #: The input snapshot every test result bundle names (it need not exist: only its identity counts).
 INPUT_REF = InputRef(version_id="input-v1", content_sha256="a" * 64)
 JOB = JobInfo(job_id="job-1", status="SUCCEEDED", attempt=1)
+
+
+@contextlib.contextmanager
+def row_groups_of(rows: int) -> Iterator[None]:
+    """Stage with row groups of ``rows`` rows: the part writer's size and the chunks ``stage``
+    cuts a table into (the staging default is far larger than any test bundle)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for module in ("pipeline.bundle.stage", "pipeline.bundle.writer"):
+            mp.setattr(importlib.import_module(module), "ROW_GROUP_ROWS", rows)
+        yield
 
 
 def input_table(n: int = 30, start: int = 0) -> pa.Table:
@@ -175,10 +188,14 @@ def unnest(top: Path) -> None:
         os.rmdir(top.joinpath(*["d"] * level))
 
 
+def schema_file_text(schema: Schema) -> str:
+    """The schema file for ``schema`` (what ``sources.read_schema_file`` reads back)."""
+    return json.dumps(schema.model_dump(mode="json"), indent=2) + "\n"
+
+
 def error_types(bundle: Path) -> list[type]:
     """The classes of every violation :func:`check` reports, in order."""
-    _, errors, _ = check(bundle)
-    return [type(e) for e in errors]
+    return [type(e) for e in check(bundle).errors]
 
 
 # -- reader bundles --------------------------------------------------------------------------

@@ -4,9 +4,9 @@
 :func:`malformed_bundles` lists every way of breaking a bundle the audit of issue 13 tried (and
 more), each a small function that corrupts a copy of a pristine bundle in place.
 :func:`bad_staging_inputs` lists bad ``lithi-bundle stage`` invocations, each with the exit code
-it must end with. ``tests/test_corpus.py`` runs both; ``python -m tests.helpers.corpus`` prints
-the counts by class and what the CLI did with each case (exit codes, tracebacks), the numbers
-quoted when the corpus changes.
+it must end with. ``tests/bundle/test_corpus.py`` runs both; ``python -m tests.helpers.corpus``
+prints the counts by class and what the CLI did with each case (exit codes, tracebacks), the
+numbers quoted when the corpus changes.
 """
 
 from __future__ import annotations

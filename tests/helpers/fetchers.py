@@ -19,9 +19,10 @@ def fetch_rounds(
     """Fetch ``url`` once per round into ``cache_root/round-NN`` in step with the other workers."""
     from pipeline.bundle.verify import verify
     from resources.bundle_store import BundleStore
+    from tests.helpers.timing import limit
 
     for r in range(rounds):
-        barrier.wait(timeout=300)
+        barrier.wait(timeout=limit(300))
         try:
             store = BundleStore(Path(cache_root) / f"round-{r:02d}")
             got = store.fetch(url)

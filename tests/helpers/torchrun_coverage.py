@@ -1,15 +1,18 @@
-"""Launched by ``tests/test_torchrun.py`` under torchrun: read a bundle on every rank, train DDP.
+"""Launched by ``tests/integration/test_torchrun.py`` under torchrun: read a bundle on every
+rank, train DDP.
 
 Each rank reads its share with both readers (2 DataLoader workers each), trains a tiny DDP model
 on every batch inside ``Join`` (the shares are uneven, so without it the longer rank's last
 all-reduce would wait forever), writes the ids it yielded, and reconciles across ranks.
-``--no-join`` runs the same loop without ``Join``, to show that it then fails.
+``--no-join`` runs the same loop without ``Join``, to show that it then fails when gloo's
+``--gloo-timeout`` (15 s unless told) runs out. Each rank writes its pid to ``pid-rank<R>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,8 +56,11 @@ def main() -> None:
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--no-join", action="store_true")
+    ap.add_argument("--gloo-timeout", type=float, default=15.0)
     args = ap.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=15))
+    # the test scopes its /dev/shm leftover check to these processes
+    Path(args.out, f"pid-rank{os.environ['RANK']}").write_text(str(os.getpid()))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
     rank = dist.get_rank()
     out = Path(args.out)
     index = Index.from_snapshot(verify(args.bundle))

@@ -1,4 +1,5 @@
-"""Launched by ``tests/test_torchrun.py`` under torchrun: stop an epoch by SIGKILL, resume it.
+"""Launched by ``tests/integration/test_torchrun.py`` under torchrun: stop an epoch by SIGKILL,
+resume it.
 
 ``--phase stop``: every rank reads ``k`` batches (``first``, ``middle`` or ``last`` of its own
 epoch) from a map-style and an iterable loader (2 workers each, several batches a worker
@@ -8,7 +9,7 @@ mid-iteration; torchrun tears rank 0 down. ``--phase resume``: a fresh torchrun 
 loaders, ``load_state_dict``s each rank's saved state, reads the rest of the epoch and reconciles
 the interrupted and the resumed reads together across ranks, then reads the next epoch whole.
 ``--phase mismatch``: rank 1 builds its loader with another worker count, which every rank must
-refuse at construction.
+refuse at construction. Each rank writes its pid to ``pid-<phase>-rank<R>``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 import os
 import signal
-import time
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def stop(index: Index, out: Path, k: str, rank: int) -> None:
     dist.barrier()  # both ranks have saved their checkpoints
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(60)  # rank 0 is mid-epoch too when torchrun ends it
+    threading.Event().wait()  # rank 0 is mid-epoch too when torchrun ends it
 
 
 def resume(index: Index, out: Path, rank: int) -> None:
@@ -114,8 +115,11 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--phase", choices=["stop", "resume", "mismatch"], required=True)
     ap.add_argument("--k", choices=["first", "middle", "last"], default="middle")
+    ap.add_argument("--gloo-timeout", type=float, default=30.0)
     args = ap.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    # the test scopes its /dev/shm leftover checks to these processes
+    Path(args.out, f"pid-{args.phase}-rank{os.environ['RANK']}").write_text(str(os.getpid()))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
     rank = dist.get_rank()
     out = Path(args.out)
     index = Index.from_snapshot(verify(args.bundle))

@@ -1,0 +1,177 @@
+"""Count what a :class:`~pipeline.readers.loader.ReaderLoader` has delivered this epoch.
+
+Private bookkeeping behind one protocol (:class:`Progress`): a map-style epoch is one prefix of
+the :class:`~pipeline.readers.sampler.OwnerSampler`'s order (:class:`MapProgress`), an
+iterable one a prefix of each worker-owner's stream (:class:`IterableProgress`). The counts are
+what ``ReaderLoader.state_dict()`` saves as ``rows`` and what a resumed iteration hands the
+reader as its starting point.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pipeline.readers.iterable import PartIterableDataset
+from pipeline.readers.map_style import MapDataset
+from pipeline.readers.sampler import OwnerSampler, is_count
+
+
+class Progress(ABC):
+    """What this epoch has delivered: rows of each prefix of the reader's order, and more to come.
+
+    One prefix for the map-style reader (the sampler's order), one per worker-owner for the
+    iterable reader (its stream). ``totals`` is what a whole epoch delivers per prefix;
+    ownership never depends on the epoch, so neither do they.
+    """
+
+    style: ClassVar[str]
+
+    def __init__(self, totals: list[int]) -> None:
+        self.totals = totals
+        self.counts = [0] * len(totals)
+
+    @property
+    @abstractmethod
+    def reader(self) -> OwnerSampler | PartIterableDataset:
+        """What holds the epoch and its order: the sampler, or the iterable dataset."""
+
+    @property
+    @abstractmethod
+    def dataset(self) -> MapDataset | PartIterableDataset:
+        """The dataset the workers fetch from."""
+
+    def advance(self, prefix: int, rows: int) -> None:
+        """Count ``rows`` more rows delivered from ``prefix`` (a worker-owner, or 0)."""
+        self.counts[prefix] += rows
+
+    def left(self) -> int:
+        """Rows of this epoch not yet delivered."""
+        return sum(self.totals) - sum(self.counts)
+
+    def reset(self) -> None:
+        """Start the epoch over: nothing delivered."""
+        self.counts = [0] * len(self.totals)
+
+    def identity(self) -> dict[str, Any]:
+        """What a state must match to resume here: the split and the bundle."""
+        r, index = self.reader, self.dataset.index
+        return {
+            "style": self.style,
+            "rank": r.rank,
+            "world_size": r.world_size,
+            "shuffle": r.shuffle,
+            "seed": r.seed,
+            "items": len(index),
+            "snapshot": index.snapshot_tag,
+        }
+
+    def _misfit(self, rows: object, per: str, total: object) -> ValueError:
+        return ValueError(
+            f"loader state 'rows' {rows!r} does not fit this rank's epoch (rows per {per}: "
+            f"{total!r})"
+        )
+
+    @abstractmethod
+    def state(self) -> int | list[int]:
+        """The state's ``rows``: what was delivered, as saved."""
+
+    @abstractmethod
+    def load(self, rows: object) -> None:
+        """Take a state's ``rows`` as what was delivered; ``ValueError`` if they cannot be."""
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Hand the reader where this iteration starts, before its workers copy it."""
+
+    @abstractmethod
+    def started(self, num_workers: int) -> None:
+        """The inner loader has started iterating (its workers, if any, with the start point)."""
+
+    @abstractmethod
+    def delivered_positions(self) -> np.ndarray:
+        """Index positions delivered so far, computed from the counts (no data read)."""
+
+
+class MapProgress(Progress):
+    """A map-style epoch: a prefix of the :class:`OwnerSampler`'s order."""
+
+    style = "map"
+
+    def __init__(self, sampler: OwnerSampler, dataset: MapDataset, epoch_rows: int) -> None:
+        super().__init__([epoch_rows])
+        self.sampler = sampler
+        self._dataset = dataset
+
+    @property
+    def reader(self) -> OwnerSampler:
+        return self.sampler
+
+    @property
+    def dataset(self) -> MapDataset:
+        return self._dataset
+
+    def state(self) -> int:
+        return self.counts[0]
+
+    def load(self, rows: object) -> None:
+        if not (is_count(rows) and rows <= self.totals[0]):
+            raise self._misfit(rows, "rank", self.totals[0])
+        self.counts = [rows]
+
+    def begin(self) -> None:
+        self.sampler.load_state_dict({"epoch": self.sampler.epoch, "yielded": self.counts[0]})
+
+    def started(self, num_workers: int) -> None:
+        pass  # the sampler runs in this process and has used its start point already
+
+    def delivered_positions(self) -> np.ndarray:
+        return self.sampler.positions()[: self.counts[0]]
+
+
+class IterableProgress(Progress):
+    """An iterable epoch: a prefix of each worker-owner's stream, counted from the worker tags."""
+
+    style = "iterable"
+
+    def __init__(self, dataset: PartIterableDataset) -> None:
+        super().__init__(dataset.owner_rows())
+        self._dataset = dataset
+
+    @property
+    def reader(self) -> PartIterableDataset:
+        return self._dataset
+
+    @property
+    def dataset(self) -> PartIterableDataset:
+        return self._dataset
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "num_workers": self.dataset.workers}
+
+    def state(self) -> list[int]:
+        return list(self.counts)
+
+    def load(self, rows: object) -> None:
+        if (
+            not isinstance(rows, list)
+            or len(rows) != len(self.totals)
+            or not all(is_count(r) and r <= t for r, t in zip(rows, self.totals, strict=True))
+        ):
+            raise self._misfit(rows, "worker-owner", self.totals)
+        self.counts = list(rows)
+
+    def begin(self) -> None:
+        self.dataset.load_state_dict({"epoch": self.dataset.epoch, "rows": list(self.counts)})
+
+    def started(self, num_workers: int) -> None:
+        if num_workers > 0:  # the workers have the resume point; this copy must not keep it
+            self.dataset.load_state_dict({"epoch": self.dataset.epoch, "rows": []})
+
+    def delivered_positions(self) -> np.ndarray:
+        ds = self.dataset
+        return np.concatenate(
+            [ds.stream_positions(o, r) for o, r in zip(ds.owners(), self.counts, strict=True)]
+        )

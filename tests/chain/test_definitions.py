@@ -1,0 +1,118 @@
+"""The code location loads, and its graph is exactly the chain: a cheap guard against drift."""
+
+import dagster as dg
+import pytest
+
+from assets import CHAIN_GROUP
+from pipeline.defs.definitions import build_definitions, defs
+
+CHAIN = [
+    "result_manifest",
+    "verified_snapshot",
+    "disjoint_index",
+    "training_run",
+    "prediction_table",
+    "output_bundle",
+]
+#: Each link's parents: the chain, and the training run beside the predictions it staged.
+PARENTS = {
+    "compute_versions": set(),
+    "result_manifest": {"compute_versions"},
+    "verified_snapshot": {"result_manifest"},
+    "disjoint_index": {"verified_snapshot"},
+    "training_run": {"disjoint_index"},
+    "prediction_table": {"training_run"},
+    "output_bundle": {"prediction_table", "training_run"},
+}
+CHECKS = {
+    "result_manifest": {("result_manifest_complete", True)},
+    "verified_snapshot": {("manifest_binds_every_file", True)},
+    "disjoint_index": {("index_disjoint_and_covering", True)},
+    "training_run": {("iterated_counts_reconcile", True)},
+    "prediction_table": {("one_row_per_item", True)},
+    "output_bundle": {("output_bundle_verifies", False)},
+}
+
+
+def test_assets_form_one_chain_in_one_group_with_descriptions_kinds_and_code_versions():
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == set(PARENTS)
+    for name in PARENTS:
+        node = graph.get(dg.AssetKey(name))
+        parents = {p.to_user_string() for p in node.parent_keys}
+        assert parents == PARENTS[name], name
+        assert node.group_name == CHAIN_GROUP
+        assert node.description and node.kinds, name
+        # Materialized links have code versions; the versions Compute publishes are external.
+        assert bool(node.code_version) == (name in CHAIN), name
+        assert node.is_external == (name not in CHAIN), name
+
+
+def test_checks_jobs_schedule_and_sensor():
+    graph = defs.resolve_asset_graph()
+    found: dict[str, set] = {}
+    for key in graph.asset_check_keys:
+        spec = graph.get_check_spec(key)
+        found.setdefault(key.asset_key.to_user_string(), set()).add((key.name, spec.blocking))
+    assert found == CHECKS
+    # The chain job materializes exactly the six links (checks in the same run); the
+    # resubmission job is one op and touches no asset.
+    chain = defs.resolve_job_def("compute_chain_job")
+    assert {k.to_user_string() for k in chain.asset_layer.selected_asset_keys} == set(CHAIN)
+    checks = {f"{a}_{name}" for a, specs in CHECKS.items() for name, _ in specs}
+    inline = {"result_manifest_result_manifest_complete"}  # yielded by its asset's own step
+    assert {n.name for n in chain.graph.nodes} == set(CHAIN) | checks - inline
+    resubmit = defs.resolve_job_def("resubmit_outstanding_job")
+    assert [n.name for n in resubmit.graph.nodes] == ["resubmit_outstanding"]
+    assert not resubmit.asset_layer.selected_asset_keys
+    schedule = defs.resolve_schedule_def("compute_chain_schedule")
+    assert schedule.job_name == "compute_chain_job" and schedule.execution_timezone == "UTC"
+    sensor = defs.resolve_sensor_def("compute_partial_sensor")
+    assert {j.name for j in sensor.jobs} == {"compute_chain_job", "resubmit_outstanding_job"}
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_every_resource_an_asset_needs_is_provided():
+    # Dagster raises on a missing resource key when the jobs are resolved.
+    names = {j.name for j in build_definitions().resolve_all_job_defs()}
+    assert {"compute_chain_job", "resubmit_outstanding_job"} <= names
+
+
+def test_training_run_config_is_the_trainer_config_field_for_field():
+    from assets.training_run import TrainingConfig
+    from pipeline.training.fit import ReferenceConfig
+
+    assert set(TrainingConfig.model_fields) == set(ReferenceConfig.model_fields) | {"trainer"}
+    job = defs.resolve_job_def("compute_chain_job")
+    ok = {"ops": {"training_run": {"config": {"features": ["pixels"], "epochs": 2}}}}
+    assert dg.validate_run_config(job, ok)
+    for bad, field in [({"reader": "bogus"}, "bogus"), ({"task": "ranking"}, "ranking")]:
+        with pytest.raises(dg.DagsterInvalidConfigError, match=field):
+            dg.validate_run_config(job, {"ops": {"training_run": {"config": bad}}})
+
+
+def test_lithi_trainer_config_sets_the_run_config_defaults(monkeypatch):
+    monkeypatch.setenv("LITHI_TRAINER_CONFIG", '{"auto_features": true, "epochs": 2}')
+    job = build_definitions().resolve_job_def("compute_chain_job")
+    config = dg.validate_run_config(job, {})["ops"]["training_run"]["config"]
+    assert config["auto_features"] is True and config["epochs"] == 2
+    assert config["trainer"] == "pipeline.training.reference:ReferenceTrainer"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("LITHI_TRAINER_CONFIG", '{"epochs": "many"}', "ReferenceTrainer config: epochs: Input"),
+        ("LITHI_TRAINER_CONFIG", "[1]", "expected a JSON object, found list"),
+        ("LITHI_TRAINER", "my_pkg.nowhere:T", "cannot import 'my_pkg.nowhere'"),
+        ("LITHI_TRAINER", "not a path", "expected an import path"),
+    ],
+)
+def test_a_bad_trainer_setting_refuses_to_load_naming_it(monkeypatch, name, value, message):
+    from resources.settings import SettingsError
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as e:
+        build_definitions()
+    assert str(e.value).startswith(f"{name}={value!r}: ") and message in str(e.value)

@@ -1,0 +1,64 @@
+"""Instance setup that cannot break: a fresh DAGSTER_HOME is created once, with the project's yaml.
+
+Reproduced first: six processes opening a new SQLite instance at once leave ``alembic_version``
+with two heads in most rounds, and the instance then fails on every open. Six processes
+running the project's entry-point step at once, on fresh homes, must leave it healthy every time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from pipeline.defs.instance import PROJECT_YAML, prepare_instance
+from resources.settings import REPO_ROOT
+from tests.helpers.timing import limit
+
+
+def test_a_home_without_dagster_yaml_gets_the_projects(tmp_path):
+    home = prepare_instance(tmp_path / "home")
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    assert config == yaml.safe_load(PROJECT_YAML.read_text())
+    assert config["telemetry"]["enabled"] is False
+    assert config["run_monitoring"]["enabled"] is True and config["run_retries"]["enabled"] is True
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_runs() == []
+
+
+def test_a_home_with_its_own_dagster_yaml_keeps_it(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    prepare_instance(home)
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_concurrent_entry_points_on_a_fresh_home_leave_it_healthy(tmp_path, round_):
+    home = tmp_path / "home"
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline.defs.instance"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for _ in range(6)
+    ]
+    outs = [p.communicate(timeout=limit(300)) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, outs
+    opened = subprocess.run(
+        [sys.executable, "-c", "import dagster as dg; dg.DagsterInstance.get().get_runs()"],
+        env=env, capture_output=True, text=True, timeout=limit(120),
+    )  # fmt: skip
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert Path(home / "dagster.yaml").exists()

@@ -1,0 +1,67 @@
+"""world_size 2: training runs as real torchrun processes launched through Dagster Pipes, and a
+rank SIGKILLed mid-epoch is restarted by torchrun and resumes from its last cut.
+
+A plain world-size-2 chain through Pipes is also what the demo runs (tests/integration/
+test_demo.py); this test checks what the demo cannot see: what came back through the Pipes
+channel, the record, and the restart.
+"""
+
+import dagster as dg
+
+from assets import CHAIN_ASSETS
+from assets._metadata import plain
+from assets.training_run import TrainingConfig
+from pipeline.training.record import read_record
+
+
+def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
+    tmp_path, labelled_samples, monkeypatch
+):
+    """SIGKILL of rank 1 mid-epoch: torchrun restarts both ranks, they resume from the last cut,
+    and the record names its step; the interrupted epoch reconciles across both ranks."""
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("KILL_MARKER", str(marker))
+    monkeypatch.setenv("KILL_RANK", "1")
+    # wine: 178 items, 89 a rank, 12 batches of 8 in the fitting pass; then step 8 of epoch 1.
+    monkeypatch.setenv("KILL_AFTER", str(12 + 8))
+    resources = labelled_samples.resources(
+        tmp_path, "wine", world_size=2, num_workers=1, checkpoint_every=5
+    )
+    config = TrainingConfig(
+        trainer="tests.helpers.killed_trainer:KilledOnce",
+        epochs=2,
+        batch_size=8,
+        auto_features=True,
+    )
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            CHAIN_ASSETS,
+            resources=resources,
+            run_config=dg.RunConfig(ops={"training_run": config}),
+            instance=instance,
+        )
+        assert result.success
+        logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    assert marker.exists(), "rank 1 was meant to be killed once"
+    meta = result.asset_materializations_for_node("training_run")[0].metadata
+    # Metadata reported from inside the torchrun process came back through the Pipes channel
+    # (only what the step does not know itself: no second copy of the record's figures), and
+    # every rank verified the bundle with the cache's trust: no byte hashed a second time.
+    assert {k for k in meta if k.startswith("pipes/")} == {"pipes/ranks_bytes_hashed"}
+    assert meta["pipes/ranks_bytes_hashed"].value == 0
+    assert meta["world_size"].value == 2 and len(plain(meta["checkpoint_sha256"])) == 64
+    # Rank 0's log lines reached the Dagster run.
+    assert any("epoch 2/2" in m for m in logs), logs
+    # The restarted rank 0 said where it resumed, through the same Pipes channel.
+    assert any(m.startswith("resumed after step 5: epoch 1/2, 5 of") for m in logs), logs
+    assert meta["resumed_after_step"].value == 5
+    record = read_record(meta["record"].value)
+    assert record.world_size == 2
+    assert record.resumed is not None and record.resumed.step == 5
+    interrupted = record.resumed.reconciliation
+    assert interrupted.ok and interrupted.owners == 2, interrupted.problems()
+    assert interrupted.duplicates == 0 and interrupted.missing == 0
+    assert record.reconciliation.ok and record.reconciliation.owners == 2  # both ranks gathered
+    manifest = result.asset_materializations_for_node("result_manifest")[0].metadata
+    assert record.reconciliation.items_iterated == manifest["items"].value
+    assert len(record.loss_curve) == 2

@@ -1,0 +1,188 @@
+"""The bundle store: download once into a content-addressed cache, verify only what is new."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import DigestMismatch, IncompleteBundle
+from pipeline.bundle.stage import ReusedPart, stage
+from pipeline.bundle.verify import verify
+from resources.bundle_store import BundleStore
+from tests.helpers.bundles import write_bytes
+
+
+def _table(start: int, n: int) -> pa.Table:
+    ids = [f"item-{i:05d}" for i in range(start, start + n)]
+    return pa.table({"id": ids, "x": pa.array([float(i) for i in range(start, start + n)])})
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    return stage(
+        _table(0, 1000), tmp_path / "src" / "v1", id_field="id", kind="input", rows_per_part=50
+    )
+
+
+def _newer(tmp_path, first, new_rows: int):
+    """A newer version binding all of ``first``'s parts plus ``new_rows`` new items."""
+    reuse = [ReusedPart(first.root, e) for e in first.manifest.parts]
+    return stage(
+        _table(1000, new_rows),
+        tmp_path / "src" / "v2",
+        id_field="id",
+        kind="input",
+        rows_per_part=50,
+        reuse_parts=reuse,
+    )
+
+
+def test_fetch_downloads_once_and_views_are_hard_links_to_read_only_objects(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(bundle.root.as_uri())  # a file:// URL
+    total = sum(e.bytes for e in bundle.manifest.bound_files)
+    assert (got.files_downloaded, got.files_reused, got.bytes_downloaded) == (20, 0, total)
+    assert got.path == tmp_path / "cache" / "bundles" / bundle.identity.version_id
+    assert got.manifest == bundle.manifest
+    for entry in got.manifest.parts:
+        obj = store.object_path(entry.sha256)
+        assert os.stat(obj).st_ino == os.stat(got.path / entry.path).st_ino
+        assert os.stat(obj).st_mode & 0o777 == 0o444
+    snap = verify(got.path, trusted=store.trusted)
+    assert snap.identity == bundle.identity and snap.stats.bytes_hashed == 0  # hashed on arrival
+
+    again = store.fetch(str(bundle.root))  # a plain path: the same bundle, nothing downloaded
+    assert (again.files_downloaded, again.files_reused, again.bytes_downloaded) == (0, 20, 0)
+    assert again.path == got.path
+
+
+def test_rebuild_after_a_small_resubmission_costs_only_the_new_bytes(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    store.fetch(str(bundle.root))
+    newer = _newer(tmp_path, bundle, new_rows=50)  # one new part: 50 of 1,050 items (~5%)
+    new_entries = [
+        e
+        for e in newer.manifest.bound_files
+        if e.sha256 not in {b.sha256 for b in bundle.manifest.bound_files}
+    ]
+    new_bytes = sum(e.bytes for e in new_entries)
+    assert len(new_entries) == 1
+
+    got = store.fetch(str(newer.root))
+    snap = verify(got.path, trusted=store.trusted)
+    assert got.bytes_downloaded == new_bytes and got.files_downloaded == 1
+    assert got.bytes_hashed == new_bytes and got.files_reused == 20
+    assert snap.stats.bytes_hashed == 0 and snap.stats.bytes_total > 15 * new_bytes
+    # without the trust function every byte is hashed: the saving is real, not skipped checks
+    assert verify(got.path).stats.bytes_hashed == snap.stats.bytes_total
+    # the first view is untouched and still verifies
+    verify(tmp_path / "cache" / "bundles" / bundle.identity.version_id, trusted=store.trusted)
+
+
+def test_trusted_only_vouches_for_the_verified_object_itself(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(str(bundle.root))
+    entry = got.manifest.parts[0]
+    assert store.trusted(got.path / entry.path, entry)
+    assert not store.trusted(bundle.root / entry.path, entry)  # same bytes, other inode
+    assert not store.trusted(got.path / got.manifest.parts[1].path, entry)  # another object
+    obj = store.object_path(entry.sha256)
+    os.chmod(obj, 0o644)  # writable: could have been changed since it was hashed
+    assert not store.trusted(got.path / entry.path, entry)
+    os.chmod(obj, 0o444)
+    os.utime(obj, ns=(0, 0))  # mtime no longer what the ledger recorded
+    assert not store.trusted(got.path / entry.path, entry)
+
+
+def test_no_manifest_means_incomplete_and_nothing_downloaded(tmp_path, bundle):
+    (bundle.root / fmt.MANIFEST_NAME).unlink()
+    store = BundleStore(tmp_path / "cache")
+    with pytest.raises(IncompleteBundle, match="no manifest"):
+        store.fetch(str(bundle.root))
+    with pytest.raises(IncompleteBundle):
+        store.read_manifest(str(bundle.root))
+    assert list(store.objects_dir.iterdir()) == [] and list(store.bundles_dir.iterdir()) == []
+
+
+def test_digest_mismatch_during_download_keeps_nothing_of_that_file(tmp_path, bundle):
+    bad = bundle.manifest.parts[3]
+    p = bundle.root / bad.path
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different bytes
+    write_bytes(p, bytes(data))
+    store = BundleStore(tmp_path / "cache")
+    with pytest.raises(DigestMismatch, match=bad.sha256):
+        store.fetch(str(bundle.root))
+    names = [o.name for o in store.objects_dir.iterdir()]
+    assert bad.sha256 not in names and not [n for n in names if n.startswith(".")]
+    assert list(store.bundles_dir.iterdir()) == []  # no view of a bundle that failed
+    # the parts that did arrive intact are verified objects, reused by the next try (files
+    # download in parallel, so a part after the bad one may have arrived too)
+    entries = {e.sha256: e for e in bundle.manifest.parts}
+    assert {e.sha256 for e in bundle.manifest.parts[:3]} <= set(names) <= set(entries)
+    assert all(store.trusted(store.object_path(h), entries[h]) for h in names)
+
+
+def test_a_tampered_cache_object_is_re_checked_and_replaced(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    store.fetch(str(bundle.root))
+    entry = bundle.manifest.parts[0]
+    obj = store.object_path(entry.sha256)
+    os.chmod(obj, 0o644)
+    obj.write_bytes(b"x" * entry.bytes)  # same size, wrong bytes, ledger no longer matches
+    other = BundleStore(tmp_path / "cache")
+    got = other.fetch(str(bundle.root))
+    assert got.files_downloaded == 1 and got.bytes_downloaded == entry.bytes
+    assert got.bytes_hashed == 2 * entry.bytes  # the suspect object re-checked, then the download
+    assert other.trusted(obj, entry)
+    assert verify(got.path, trusted=other.trusted).identity == bundle.identity
+
+
+def test_an_existing_view_with_other_content_is_refused(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    store.fetch(str(bundle.root))
+    impostor = stage(
+        _table(5000, 10),
+        tmp_path / "src" / "other",
+        id_field="id",
+        kind="input",
+        version_id=bundle.identity.version_id,
+    )
+    with pytest.raises(DigestMismatch, match="cached view"):
+        store.fetch(str(impostor.root))
+
+
+def test_rebuild_after_resubmitting_5_percent_hashes_about_5_percent(tmp_path):
+    from pipeline.defs.samples import stage_sample
+    from resources.compute.client import JobSpec
+    from resources.compute.faults import FaultSpec
+    from resources.compute.local import LocalCompute
+
+    inp, ref = stage_sample("digits", tmp_path / "staged")
+    compute = LocalCompute(tmp_path / "compute", executor="inline")
+    spec = JobSpec(
+        input_url=str(inp.root),
+        reference_url=str(ref.root),
+        rows_per_part=90,
+        faults=FaultSpec(lose_fraction=0.05),
+    )
+    job = compute.submit(spec)
+    v1 = compute.status(job).latest_version_id
+    store = BundleStore(tmp_path / "cache")
+    first = store.fetch(compute.manifest_url(job))
+    compute.resubmit(job, from_version_id=v1, idempotency_key="once")
+    assert compute.status(job).state == "SUCCEEDED"
+
+    second = store.fetch(compute.manifest_url(job))
+    snap = verify(second.path, trusted=store.trusted)
+    known = {e.sha256 for e in first.manifest.bound_files}
+    new = [e for e in second.manifest.bound_files if e.sha256 not in known]
+    new_bytes = sum(e.bytes for e in new)
+    assert sum(e.rows for e in new) == 90  # ceil(0.05 * 1797) resubmitted items, one new part
+    assert second.bytes_downloaded == second.bytes_hashed == new_bytes
+    assert snap.stats.bytes_hashed == 0
+    share = (second.bytes_hashed + snap.stats.bytes_hashed) / snap.stats.bytes_total
+    assert 0.02 < share < 0.08, share  # about 5% of the bytes, as for the items

@@ -1,0 +1,69 @@
+"""Mid-fit cuts (``pipeline.training.progress``): committed only whole, refused when they belong
+to another world size or another run's config or split.
+
+A fit SIGKILLed mid-epoch and resumed from its cuts, in a process of its own, is
+``tests/integration/test_fit_killed.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.readers.index import Index
+from pipeline.training import REFERENCE_TRAINER
+from pipeline.training.progress import COMMITTED, Progress, ProgressError
+from pipeline.training.runner import progress_key
+from tests.helpers.training import classes_index, fit_config
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Index:
+    return classes_index(tmp_path_factory.mktemp("resume-fit"))
+
+
+def test_a_cut_is_committed_only_when_every_part_is_written(tmp_path):
+    progress = Progress(tmp_path, every=2)
+    assert progress.load() is None
+    progress.save(2, shared={"w": torch.ones(2)}, local={"rows": 7})
+    # A later save that died before its commit: a part on disk, no commit naming it.
+    (tmp_path / "step-0000000004").mkdir()
+    (tmp_path / "step-0000000004" / "rank-0.pt").write_bytes(b"half")
+    found = Progress(tmp_path, every=2).load()
+    assert found is not None and found.step == 2 and found.local == {"rows": 7}
+    assert torch.equal(found.shared["w"], torch.ones(2))
+    progress.save(6, shared={}, local={})
+    assert [p.name for p in sorted(tmp_path.glob("step-*"))] == ["step-0000000006"]
+
+
+def test_a_cut_of_another_world_size_or_missing_a_rank_is_refused(tmp_path):
+    Progress(tmp_path, every=1).save(1, shared={}, local={})
+    with pytest.raises(ProgressError, match="world size 1, this fit runs with 2"):
+        Progress(tmp_path, rank=1, world_size=2, every=1).load()
+    (tmp_path / COMMITTED).write_text(json.dumps({"step": 1, "world_size": 2}))
+    with pytest.raises(ProgressError, match="rank 1's part is missing"):
+        Progress(tmp_path, rank=1, world_size=2, every=1).load()
+
+
+def test_a_changed_config_or_split_never_resumes_another_runs_cuts(index):
+    base = progress_key(index, REFERENCE_TRAINER, fit_config("map"), world_size=1, num_workers=0)
+    assert base == progress_key(
+        index, REFERENCE_TRAINER, fit_config("map"), world_size=1, num_workers=0
+    )
+    others = {
+        progress_key(index, REFERENCE_TRAINER, fit_config("iterable"), world_size=1, num_workers=0),
+        progress_key(index, REFERENCE_TRAINER, fit_config("map"), world_size=2, num_workers=0),
+        progress_key(index, REFERENCE_TRAINER, fit_config("map"), world_size=1, num_workers=2),
+        progress_key(index, "my.pkg:Trainer", fit_config("map"), world_size=1, num_workers=0),
+    }
+    assert base not in others and len(others) == 4
+
+
+def test_every_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match=">= 0"):
+        Progress(tmp_path, every=-1)
+    assert not Progress(tmp_path, every=0).due(10)
+    assert Progress(tmp_path, every=5).due(10) and not Progress(tmp_path, every=5).due(11)
+    assert not Progress(None, every=5).due(10)

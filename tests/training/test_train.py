@@ -1,0 +1,214 @@
+"""The reference trainer through the trainer interface: features, targets, nulls, fit, predict."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from pipeline.readers.index import Index
+from pipeline.readers.reconcile import keyed_coverage
+from pipeline.training import (
+    REFERENCE_TRAINER,
+    FitResult,
+    PredictContext,
+    Trainer,
+    TrainerError,
+    hash_checkpoint,
+    load_trainer,
+    run_fit,
+)
+from pipeline.training.features import holdout_mask
+from tests.helpers.bundles import stage_result
+
+N = 1009
+
+
+def _stage(tmp_path: Path, table: pa.Table, name: str = "bundle") -> Index:
+    return Index.from_snapshot(stage_result(table, tmp_path / name, rows_per_part=150))
+
+
+def _table(rng: np.random.Generator, y: np.ndarray, x: np.ndarray) -> dict[str, pa.Array]:
+    """Result columns around ``x``: ~10% failed, ~10% abstained, nulls in every feature type."""
+    n = len(y)
+    u = rng.random(n)
+    status = np.where(u < 0.1, "failed", np.where(u < 0.2, "abstained", "accepted"))
+    holes = rng.random(n) < 0.05  # rows with a null in each nullable feature
+    flat = pa.array(x.ravel())
+    vec = pa.FixedSizeListArray.from_arrays(flat, x.shape[1], mask=pa.array(holes))
+    day0 = datetime(2026, 1, 1, tzinfo=UTC)
+    maybe = [None if h else int(v) for h, v in zip(holes, y, strict=True)]
+    return {
+        "id": pa.array([f"{i:05d}" for i in range(n)]),
+        "x": vec,  # fixed_size_list<float32,8>, nullable: some rows null
+        "scalar": pa.array(np.where(holes, np.nan, rng.normal(size=n)), from_pandas=True),
+        "count": pa.array(maybe, pa.int32()),
+        "flag": pa.array([None if v is None else bool(v % 2) for v in maybe]),
+        "seen": pa.array([day0 + timedelta(hours=i) for i in range(n)], pa.timestamp("us", "UTC")),
+        "note": pa.array(["n"] * n),
+        "lithi_status": pa.array(status),
+        "lithi_confidence": pa.array([None if s == "failed" else 0.9 for s in status], "float32"),
+        "lithi_verification": pa.array(["agree"] * n),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory) -> Index:
+    """Three separable classes, labelled with strings (only where accepted)."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, N)
+    x = (rng.normal(size=(N, 8)) + 3 * y[:, None]).astype(np.float32)
+    cols = _table(rng, y, x)
+    names = np.array(["cat", "dog", "eel"])[y]
+    status = cols["lithi_status"].to_pylist()
+    cols["lithi_label"] = pa.array(
+        [str(v) if s == "accepted" else None for v, s in zip(names, status, strict=True)]
+    )
+    cols["truth"] = pa.array(y, pa.int64())  # ground truth: must never be used silently
+    return _stage(tmp_path_factory.mktemp("cls"), pa.table(cols))
+
+
+@pytest.fixture(scope="module")
+def values(tmp_path_factory) -> Index:
+    """A continuous target: 2*x0 - x1 + noise, in the label's own units (around 100)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(N, 8)).astype(np.float32)
+    y = 100 + 10 * (2 * x[:, 0] - x[:, 1]) + rng.normal(scale=0.5, size=N)
+    cols = _table(rng, np.zeros(N, np.int64), x)
+    cols["target"] = pa.array(y, pa.float64())
+    return _stage(tmp_path_factory.mktemp("reg"), pa.table(cols))
+
+
+def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None):
+    """What the pipeline does around a trainer, in-process: fit, reconcile, hash, predict."""
+    trainer = trainer or load_trainer(REFERENCE_TRAINER)
+    out.mkdir(parents=True, exist_ok=True)
+    run = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
+    result, report, passes = run.result, run.reconciliation, run.passes
+    files = hash_checkpoint(out)
+    table = trainer.predict(
+        PredictContext(
+            index=index,
+            config=trainer.parse_config(config),
+            num_workers=0,
+            log=lambda _: None,
+            checkpoint_dir=out,
+            checkpoint_sha256=files.sha256,
+        )
+    )
+    return result, report, passes, files, table
+
+
+FEATURES = ["x", "scalar", "count", "flag", "seen"]
+
+
+def test_classification_with_string_labels_and_nulls_in_every_feature_type(classes, tmp_path):
+    config = {"label": "lithi_label", "features": FEATURES, "epochs": 6}
+    result, report, passes, files, table = train(classes, tmp_path / "ckpt", config)
+    assert result.metrics["holdout_accuracy"] > 0.9, result.metrics
+    assert report.ok and report.items_iterated == len(classes) and passes == 6 + 2
+    assert result.features.used == FEATURES and result.features.dropped == {}
+    assert list(files.files) == ["model.pt"]
+    assert not (tmp_path / "ckpt" / "model.pt").stat().st_mode & 0o222  # read-only once hashed
+    assert keyed_coverage(classes.ids, table.column("id")).ok
+    assert set(table.column("prediction").to_pylist()) <= {"cat", "dog", "eel"}
+    assert set(table.column("lithi_status").to_pylist()) == {"accepted", "failed", "abstained"}
+    assert set(table.column("checkpoint_sha256").to_pylist()) == {files.sha256}
+
+
+def test_regression_reports_rmse_and_mae_in_the_labels_units(values, tmp_path):
+    config = {"task": "regression", "label": "target", "features": ["x"], "epochs": 8}
+    result, report, _, _, table = train(values, tmp_path / "ckpt", config)
+    assert report.ok
+    assert "holdout_accuracy" not in result.metrics
+    assert result.metrics["holdout_rmse"] < 8 and result.metrics["holdout_mae"] < 6  # std ~22
+    assert table.column("prediction").type == pa.float64()
+    assert 60 < float(np.mean(table.column("prediction").to_numpy())) < 140
+
+
+def test_a_float_target_is_refused_for_classification(values, tmp_path):
+    with pytest.raises(TrainerError, match="'target' is float64: .* use task 'regression'"):
+        train(values, tmp_path / "c", {"label": "target", "features": ["x"], "epochs": 1})
+
+
+def test_features_are_never_chosen_silently(classes, tmp_path):
+    with pytest.raises(TrainerError, match="name the feature columns"):
+        train(classes, tmp_path / "a", {"label": "lithi_label", "epochs": 1})
+    auto = {"label": "lithi_label", "auto_features": True, "exclude": ["truth"], "epochs": 1}
+    result, *_ = train(classes, tmp_path / "b", auto)
+    assert result.features.used == FEATURES  # declared order, numeric only
+    dropped = result.features.dropped
+    assert dropped["truth"] == "excluded by the config"
+    assert dropped["note"].startswith("string")
+    assert dropped["id"] == "the item id" and dropped["lithi_label"] == "the label"
+    assert dropped["lithi_confidence"] == "a lithi_* result column"
+
+
+@pytest.mark.parametrize(
+    ("features", "message"),
+    [(["nope"], "'nope' is not declared"), (["note"], "'note' cannot be used: string")],
+)
+def test_an_unusable_explicit_feature_is_named(classes, tmp_path, features, message):
+    with pytest.raises(TrainerError, match=message):
+        train(classes, tmp_path / "c", {"label": "lithi_label", "features": features})
+
+
+def test_a_trainer_that_reads_nothing_does_not_reconcile(classes, tmp_path):
+    class Lazy(Trainer):
+        def fit(self, ctx):
+            (ctx.output_dir / "w.txt").write_text("0")
+            return FitResult()
+
+        def predict(self, ctx):
+            return pa.table({"id": ctx.index.ids})
+
+    result, report, passes, files, table = train(classes, tmp_path / "c", {}, Lazy())
+    assert not report.ok and report.items_iterated == 0 and passes == 0
+    assert "short by 1009" in report.problems()[0]
+    assert keyed_coverage(classes.ids, table.column("id")).ok
+
+
+def test_an_interrupted_pass_is_not_counted(classes, tmp_path):
+    class Quitter(Trainer):
+        def fit(self, ctx):
+            loader = ctx.loader(batch_size=64, num_workers=0)
+            for _ in loader:
+                pass  # one full pass
+            for _ in loader:
+                break  # and one abandoned at its first batch
+            (ctx.output_dir / "w.txt").write_text("0")
+            return FitResult()
+
+        def predict(self, ctx):
+            return pa.table({"id": ctx.index.ids})
+
+    _, report, passes, *_ = train(classes, tmp_path / "c", {}, Quitter())
+    assert report.ok and passes == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("no_colon", "expected 'package.module:ClassName'"),
+        ("no.such.module:T", "cannot import 'no.such.module'"),
+        ("pipeline.training:Nope", "has no 'Nope'"),
+        ("pipeline.training:FitResult", "not a subclass of pipeline.training.Trainer"),
+    ],
+)
+def test_a_bad_trainer_path_is_one_line_naming_it(path, message):
+    with pytest.raises(TrainerError, match=message) as e:
+        load_trainer(path)
+    assert str(e.value).startswith(f"trainer {path!r}") and "\n" not in str(e.value)
+
+
+def test_holdout_is_a_function_of_the_id_alone():
+    ids = [f"item-{i}" for i in range(2000)]
+    mask = holdout_mask(ids, 20)
+    assert 300 < int(mask.sum()) < 500
+    again = holdout_mask(list(reversed(ids)), 20)
+    assert torch.equal(mask, again.flip(0))  # order, seed and process never move an item
+    assert not holdout_mask(ids, 0).any()
