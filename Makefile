@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/verify.py
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/chain.py
+	$(BIN)/python bench/s3.py
 
 clean:
 	rm -rf .lithi dagster_home/storage dagster_home/history dagster_home/schedules dagster_home/logs
