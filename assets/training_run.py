@@ -160,9 +160,7 @@ def training_run_asset(
         out = artifacts.directory(context)
         world = chain_settings.world_size
         index = disjoint_index
-        key = progress_key(
-            index, path, params_data, world_size=world, num_workers=chain_settings.num_workers
-        )
+        key = progress_key(index, path, params_data)  # any shape resumes its cuts
         progress_dir = artifacts.progress(context.asset_key, key)
         reported: dict = {}
         if world == 1:

@@ -15,7 +15,7 @@ from pipeline.readers.batches import (
 )
 from pipeline.readers.index import Index, IndexMismatch
 from pipeline.readers.iterable import IdleOwnerWarning, PartIterableDataset
-from pipeline.readers.loader import ReaderLoader, ResumeMismatch, make_loader, set_epoch
+from pipeline.readers.loader import ReaderLoader, make_loader, set_epoch
 from pipeline.readers.map_style import MapDataset
 from pipeline.readers.owner import NoProcessGroupWarning, Owner, SplitMismatch, process_rank
 from pipeline.readers.reconcile import (
@@ -26,6 +26,7 @@ from pipeline.readers.reconcile import (
     reconcile,
     reconcile_distributed,
 )
+from pipeline.readers.resume import ResumeMismatch, merge_states
 from pipeline.readers.sampler import OwnerSampler
 from pipeline.readers.split import SplitPlan, plan_split
 from pipeline.readers.tensors import VALID_SUFFIX, Batch, ValueOverflow, to_batch
@@ -56,6 +57,7 @@ __all__ = [
     "collate_batches",
     "confidence_weights",
     "make_loader",
+    "merge_states",
     "plan_split",
     "process_rank",
     "reconcile",

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.readers.iterable import PartIterableDataset
 from pipeline.readers.map_style import MapDataset
+from pipeline.readers.reshard import Leg
 from pipeline.readers.sampler import OwnerSampler, is_count
 
 
@@ -56,17 +57,40 @@ class Progress(ABC):
         self.counts = [0] * len(self.totals)
 
     def identity(self) -> dict[str, Any]:
-        """What a state must match to resume here: the split and the bundle."""
+        """What any state must match to resume here: the reader, its order and the bundle."""
         r, index = self.reader, self.dataset.index
         return {
             "style": self.style,
-            "rank": r.rank,
-            "world_size": r.world_size,
             "shuffle": r.shuffle,
             "seed": r.seed,
             "items": len(index),
             "snapshot": index.snapshot_tag,
         }
+
+    def shape(self) -> dict[str, Any]:
+        """Where this loader sits in its leg: what a one-rank state must match to resume here."""
+        return {"rank": self.reader.rank, "world_size": self.reader.world_size}
+
+    @property
+    def workers(self) -> int:
+        """Owners per rank in this leg: 1 for the map-style reader, worker-owners for iterable."""
+        return 1
+
+    @property
+    def legs(self) -> tuple[Leg, ...]:
+        """This epoch's earlier legs, at other shapes (none unless resumed from a merged state)."""
+        return self.reader.legs
+
+    def _epoch_state(self) -> dict[str, Any]:
+        """The reader's epoch and legs, as its own ``load_state_dict`` takes them."""
+        state: dict[str, Any] = {"epoch": self.reader.epoch}
+        if self.legs:
+            state["legs"] = [leg.to_state() for leg in self.legs]
+        return state
+
+    @abstractmethod
+    def refresh(self) -> None:
+        """Recompute ``totals`` after the epoch's legs changed; nothing delivered yet."""
 
     def _misfit(self, rows: object, per: str, total: object) -> ValueError:
         return ValueError(
@@ -90,9 +114,20 @@ class Progress(ABC):
     def started(self, num_workers: int) -> None:
         """The inner loader has started iterating (its workers, if any, with the start point)."""
 
-    @abstractmethod
     def delivered_positions(self) -> np.ndarray:
-        """Index positions delivered so far, computed from the counts (no data read)."""
+        """Index positions delivered so far this epoch, computed from the counts (no data read).
+
+        What earlier legs delivered is counted on rank 0 only, so the ranks' positions together
+        name each delivered item once.
+        """
+        own = self._own_positions()
+        if self.legs and self.reader.rank == 0:
+            return np.concatenate([self.reader.delivered_before(), own])
+        return own
+
+    @abstractmethod
+    def _own_positions(self) -> np.ndarray:
+        """Index positions this loader delivered in the current leg."""
 
 
 class MapProgress(Progress):
@@ -100,10 +135,17 @@ class MapProgress(Progress):
 
     style = "map"
 
-    def __init__(self, sampler: OwnerSampler, dataset: MapDataset, epoch_rows: int) -> None:
-        super().__init__([epoch_rows])
+    def __init__(self, sampler: OwnerSampler, dataset: MapDataset, drop_batch: int = 0) -> None:
+        super().__init__([0])
         self.sampler = sampler
         self._dataset = dataset
+        self._drop_batch = drop_batch  # the inner batch size when drop_last, else 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        n = len(self.sampler)
+        self.totals = [n - (n % self._drop_batch if self._drop_batch else 0)]
+        self.reset()
 
     @property
     def reader(self) -> OwnerSampler:
@@ -122,12 +164,12 @@ class MapProgress(Progress):
         self.counts = [rows]
 
     def begin(self) -> None:
-        self.sampler.load_state_dict({"epoch": self.sampler.epoch, "yielded": self.counts[0]})
+        self.sampler.load_state_dict({**self._epoch_state(), "yielded": self.counts[0]})
 
     def started(self, num_workers: int) -> None:
         pass  # the sampler runs in this process and has used its start point already
 
-    def delivered_positions(self) -> np.ndarray:
+    def _own_positions(self) -> np.ndarray:
         return self.sampler.positions()[: self.counts[0]]
 
 
@@ -148,8 +190,16 @@ class IterableProgress(Progress):
     def dataset(self) -> PartIterableDataset:
         return self._dataset
 
-    def identity(self) -> dict[str, Any]:
-        return {**super().identity(), "num_workers": self.dataset.workers}
+    def refresh(self) -> None:
+        self.totals = self.dataset.owner_rows()
+        self.reset()
+
+    def shape(self) -> dict[str, Any]:
+        return {**super().shape(), "num_workers": self.dataset.workers}
+
+    @property
+    def workers(self) -> int:
+        return self.dataset.workers or 1
 
     def state(self) -> list[int]:
         return list(self.counts)
@@ -164,13 +214,13 @@ class IterableProgress(Progress):
         self.counts = list(rows)
 
     def begin(self) -> None:
-        self.dataset.load_state_dict({"epoch": self.dataset.epoch, "rows": list(self.counts)})
+        self.dataset.load_state_dict({**self._epoch_state(), "rows": list(self.counts)})
 
     def started(self, num_workers: int) -> None:
         if num_workers > 0:  # the workers have the resume point; this copy must not keep it
-            self.dataset.load_state_dict({"epoch": self.dataset.epoch, "rows": []})
+            self.dataset.load_state_dict({**self._epoch_state(), "rows": []})
 
-    def delivered_positions(self) -> np.ndarray:
+    def _own_positions(self) -> np.ndarray:
         ds = self.dataset
         return np.concatenate(
             [ds.stream_positions(o, r) for o, r in zip(ds.owners(), self.counts, strict=True)]

@@ -1,8 +1,9 @@
 """Stream whole parts to each (rank, worker) owner, batch by batch: :class:`PartIterableDataset`.
 
-The row order an owner streams is planned by :func:`pipeline.readers.split.owner_stream` (whole
+The row order an owner streams is planned by :func:`pipeline.readers.stream.owner_stream` (whole
 parts, then row groups and rows permuted when shuffling); this module reads that plan from the
-Parquet files, cuts it into batches and keeps the per-owner resume state. Batches are dicts
+Parquet files, cuts it into batches and keeps the per-owner resume state, including the earlier
+legs of an epoch resumed at another shape (:mod:`pipeline.readers.reshard`). Batches are dicts
 typed by the declared schema (see :mod:`pipeline.readers.tensors`).
 """
 
@@ -20,10 +21,11 @@ from torch.utils.data import IterableDataset
 
 from pipeline.bundle.errors import RowCountMismatch
 from pipeline.bundle.verify import VerifiedSnapshot
-from pipeline.readers import split
+from pipeline.readers import stream
 from pipeline.readers.index import Index, as_index
 from pipeline.readers.map_style import coded_columns
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
+from pipeline.readers.reshard import Leg, iterable_delivered, iterable_pool, legs_from_state
 from pipeline.readers.sampler import is_count, state_count
 from pipeline.readers.tensors import Batch, Wire, to_wire, wire_to_batch
 
@@ -40,7 +42,7 @@ class PartIterableDataset(IterableDataset):
     by one row group plus one batch. An owner's batches are cut every ``batch_size`` rows of its
     stream, so all are full except its last. With ``shuffle`` the order of parts, of row groups
     within a part and of rows within a row group is permuted from (seed, epoch, owner)
-    (:func:`~pipeline.readers.split.owner_stream`); ownership is not. Use it with
+    (:func:`~pipeline.readers.stream.owner_stream`); ownership is not. Use it with
     ``DataLoader(ds, batch_size=None, collate_fn=collate_batches)``.
 
     ``num_workers`` declares the DataLoader's worker count (:func:`make_loader` passes it). With
@@ -84,6 +86,8 @@ class PartIterableDataset(IterableDataset):
         self._resume: list[int] | None = None  # rows per worker-owner the next iteration skips
         self._progress: dict[int, int] = {}  # rows yielded per worker-owner iterated here
         self._warned: set[tuple[int, int]] = set()
+        self.legs: tuple[Leg, ...] = ()  # earlier legs of this epoch, at other shapes
+        self._pool: tuple[tuple[int, tuple[Leg, ...]], list[stream.Unit]] | None = None
         agree_across_ranks(
             "PartIterableDataset",
             {
@@ -135,30 +139,52 @@ class PartIterableDataset(IterableDataset):
                 f"{owner.num_workers}: build the DataLoader with num_workers={self.num_workers}"
             )
 
-    def parts_for(self, owner: Owner) -> list[int]:
-        """The parts ``owner`` streams this epoch, in streaming order."""
-        return split.owner_parts(
-            self.index.part_rows,
+    def _units(self) -> list[stream.Unit] | None:
+        """What this leg of the epoch splits: None for every whole part (the first leg)."""
+        if not self.legs:
+            return None
+        key = (self.epoch, self.legs)
+        if self._pool is None or self._pool[0] != key:
+            units = iterable_pool(
+                self.index.part_rows,
+                _OpenPart(self.index, []).group_rows,
+                self.legs,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=self.epoch,
+            )
+            self._pool = (key, units)
+        return self._pool[1]
+
+    def units_for(self, owner: Owner) -> list[stream.Unit]:
+        """What ``owner`` streams this epoch (whole parts, or the rest of begun ones), in order."""
+        pool = self._units()
+        return stream.owner_units(
+            stream.whole_parts(self.index.part_rows) if pool is None else pool,
             owner.index,
             owner.count,
             max(owner.num_workers, 1),
             shuffle=self.shuffle,
             seed=self.seed,
             epoch=self.epoch,
+            leg=len(self.legs),
         )
 
+    def parts_for(self, owner: Owner) -> list[int]:
+        """The parts ``owner`` streams this epoch, in streaming order."""
+        return [u.part for u in self.units_for(owner)]
+
     def owner_rows(self) -> list[int]:
-        """Rows each of this rank's owners streams per epoch (needs ``num_workers``)."""
-        rows = self.index.part_rows
-        return [sum(rows[p] for p in self.parts_for(o)) for o in self.owners()]
+        """Rows each of this rank's owners streams this epoch (needs ``num_workers``)."""
+        return [sum(u.rows for u in self.units_for(o)) for o in self.owners()]
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch, over all its workers."""
         return sum(math.ceil(r / self.batch_size) for r in self.owner_rows())
 
-    def _plan(self, owner: Owner, start: int, files: _OpenPart) -> Iterator[split.Segment]:
+    def _plan(self, owner: Owner, start: int, files: _OpenPart) -> Iterator[stream.Segment]:
         """``owner``'s stream this epoch from its row ``start`` on (the one order there is)."""
-        return split.owner_stream(
+        return stream.owner_stream(
             self.index.part_rows,
             files.group_rows,
             owner.index,
@@ -168,6 +194,8 @@ class PartIterableDataset(IterableDataset):
             epoch=self.epoch,
             shuffle=self.shuffle,
             start=start,
+            units=self._units(),
+            leg=len(self.legs),
         )
 
     # -- epochs and resuming --------------------------------------------------------------
@@ -179,6 +207,7 @@ class PartIterableDataset(IterableDataset):
         if epoch != self.epoch:
             self._resume = None
             self._progress = {}
+            self.legs = ()  # they named rows of that epoch
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
@@ -191,7 +220,13 @@ class PartIterableDataset(IterableDataset):
         base = list(self._resume or [])
         n = max(self.workers or 0, len(base), max(self._progress, default=-1) + 1)
         base += [0] * (n - len(base))
-        return {"epoch": self.epoch, "rows": [self._progress.get(w, base[w]) for w in range(n)]}
+        state: dict[str, Any] = {
+            "epoch": self.epoch,
+            "rows": [self._progress.get(w, base[w]) for w in range(n)],
+        }
+        if self.legs:
+            state["legs"] = [leg.to_state() for leg in self.legs]
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Make each owner of the next iteration of ``state_dict["epoch"]`` start at its rows."""
@@ -207,6 +242,7 @@ class PartIterableDataset(IterableDataset):
                 f"dataset has {self.workers} (num_workers={self.num_workers}): ownership differs"
             )
         self.epoch = epoch
+        self.legs = legs_from_state(state_dict.get("legs"))
         self._progress = {}
         self._resume = list(rows)
 
@@ -217,7 +253,21 @@ class PartIterableDataset(IterableDataset):
         read. With a state's ``rows[w]`` as ``stop`` it names exactly what owner ``w`` delivered.
         """
         plan = self._plan(owner, 0, _OpenPart(self.index, []))
-        return split.stream_positions(plan, self.index.part_offsets, stop)
+        return stream.stream_positions(plan, self.index.part_offsets, stop)
+
+    def delivered_before(self) -> np.ndarray:
+        """Index positions this epoch's earlier legs delivered (every rank alike; none if none)."""
+        if not self.legs:
+            return np.zeros(0, dtype=np.int64)
+        return iterable_delivered(
+            self.index.part_rows,
+            _OpenPart(self.index, []).group_rows,
+            self.legs,
+            self.index.part_offsets,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=self.epoch,
+        )
 
     # -- streaming ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:

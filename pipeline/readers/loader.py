@@ -28,19 +28,20 @@ from pipeline.readers._progress import IterableProgress, MapProgress, Progress
 from pipeline.readers.index import Index
 from pipeline.readers.iterable import PartIterableDataset
 from pipeline.readers.map_style import MapDataset
+from pipeline.readers.reshard import legs_from_state
+from pipeline.readers.resume import (
+    STATE_VERSION,
+    ResumeMismatch,
+    check_version,
+    differences,
+    is_merged,
+)
 from pipeline.readers.sampler import OwnerSampler, is_count
 from pipeline.readers.tensors import Batch, Wire, wire_to_batch
 
 #: Rows a worker sends the main process per message by default: large enough that torch's
 #: fixed cost per message (one shared-memory segment per tensor) stops dominating.
 TRANSFER_ROWS = 4096
-
-#: The layout of :meth:`ReaderLoader.state_dict`; a state of another version is refused.
-STATE_VERSION = 1
-
-
-class ResumeMismatch(ValueError):
-    """A saved loader state belongs to another split, rank or bundle than this loader's."""
 
 
 def _auto_transfer(batch_size: int) -> int:
@@ -113,8 +114,7 @@ def make_loader(
             drop_last=drop_last,
             **loader_kwargs,
         )
-        epoch_rows = len(sampler) - (len(sampler) % inner_batch if drop_last else 0)
-        progress = MapProgress(sampler, ds, epoch_rows)
+        progress = MapProgress(sampler, ds, inner_batch if drop_last else 0)
     elif style == "iterable":
         if drop_last:
             raise ValueError("drop_last is not supported by the iterable reader")
@@ -262,9 +262,9 @@ class ReaderLoader:
                     f"{current} first, or build the loader without loading the state"
                 )
             self._pending = False
-        if epoch != current:
-            self._progress.reset()
         self._progress.reader.set_epoch(epoch)
+        if epoch != current:  # another epoch has no earlier legs: whole shares again
+            self._progress.refresh()
 
     # -- iterating --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -310,48 +310,66 @@ class ReaderLoader:
 
         ``rows`` is the number of rows delivered this epoch — an int (map-style: a prefix of
         the sampler's order) or one int per worker-owner (iterable: a prefix of each owner's
-        stream) — next to ``epoch`` and the parameters a resume must match (rank, world size,
-        seed, shuffle, worker-owners, items and snapshot). No ids, no tensors.
+        stream) — next to ``epoch``, the parameters a resume must match (style, seed, shuffle,
+        items and snapshot, and this rank's place: rank, world size, worker-owners) and the
+        epoch's earlier ``legs`` if it was resumed at another shape. No ids, no tensors. To
+        resume at another shape, merge every rank's state with
+        :func:`~pipeline.readers.resume.merge_states`.
         """
         return {
             "version": STATE_VERSION,
             **self._progress.identity(),
+            **self._progress.shape(),
             "epoch": self.epoch,
             "batch_size": self.batch_size,
+            "legs": [leg.to_state() for leg in self._progress.legs],
             "rows": self._progress.state(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict`` (from :meth:`state_dict`): call it before iterating.
+        """Resume from ``state_dict``: call it before iterating.
 
+        One rank's state (:meth:`state_dict`) resumes that rank at the same shape; a merged
+        state (:func:`~pipeline.readers.resume.merge_states`) resumes on any ranks and workers.
         The next iteration yields the rest of the saved epoch — exactly the rows not delivered
-        before the state was taken, each once — skipping what was delivered without reading it
-        (the iterable reader decodes at most the one row group holding its resume point again).
-        A state of another rank, split or bundle raises :class:`ResumeMismatch`. The batch size
-        may differ; batch boundaries then follow the new size.
+        before the state was taken, each once across all ranks — skipping what was delivered
+        without reading it (the iterable reader decodes at most the one row group holding a
+        resume point again). A state of another split or bundle, or one rank's state at another
+        shape, raises :class:`ResumeMismatch`. The batch size may differ; batch boundaries then
+        follow the new size.
         """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"load_state_dict needs a dict, found {type(state_dict).__name__}")
-        if state_dict.get("version") != STATE_VERSION:
-            raise ResumeMismatch(
-                f"loader state version {state_dict.get('version')!r}; this loader reads "
-                f"version {STATE_VERSION}"
-            )
-        differ = [
-            f"{k}: saved {state_dict.get(k)!r}, this loader {v!r}"
-            for k, v in self._progress.identity().items()
-            if state_dict.get(k) != v
-        ]
+        state = check_version(state_dict)
+        differ = differences(state, self._progress.identity())
+        merged = is_merged(state)
+        if not merged:
+            shape = differences(state, self._progress.shape())
+            if shape and not differ:
+                raise ResumeMismatch(
+                    "the state is one rank's at another shape (" + "; ".join(shape) + "); "
+                    "merge every rank's state with merge_states() to resume at another shape"
+                )
+            differ += shape
         if differ:
             raise ResumeMismatch(
                 "the state belongs to another loader (build this one with the same split "
-                "parameters on the same bundle and rank): " + "; ".join(differ)
+                "parameters on the same bundle): " + "; ".join(differ)
             )
-        epoch = state_dict.get("epoch")
+        epoch = state.get("epoch")
         if not is_count(epoch):
             raise ValueError(f"loader state needs 'epoch' as an int >= 0, found {epoch!r}")
-        self._progress.load(state_dict.get("rows"))
-        self._progress.reader.set_epoch(epoch)
+        reader, progress = self._progress.reader, self._progress
+        legs = legs_from_state(state.get("legs"))
+        reader.set_epoch(epoch)
+        before = reader.legs
+        reader.legs = legs
+        try:
+            progress.refresh()
+            if not merged:
+                progress.load(state.get("rows"))
+        except ValueError:
+            reader.legs = before
+            progress.refresh()
+            raise
         self._pending = True
 
 

@@ -18,6 +18,7 @@ from pipeline.readers import split
 from pipeline.readers.index import Index
 from pipeline.readers.map_style import MapDataset
 from pipeline.readers.owner import agree_across_ranks, process_rank
+from pipeline.readers.reshard import Leg, legs_from_state, map_pool
 
 
 def is_count(value: object) -> TypeGuard[int]:
@@ -54,7 +55,9 @@ class OwnerSampler(Sampler[int]):
     Resumable like torchdata's ``StatefulDistributedSampler``: :meth:`state_dict` is
     ``{"epoch", "yielded"}`` (positions this epoch's iterator has handed out) and
     :meth:`load_state_dict` makes the next iteration of that epoch start after them, by slicing
-    the order, never by drawing the skipped positions. A prefetching DataLoader draws positions
+    the order, never by drawing the skipped positions. An epoch resumed at another shape
+    carries its earlier ``legs`` (:mod:`pipeline.readers.reshard`): this rank's share is then
+    its share of what they left. A prefetching DataLoader draws positions
     ahead of the training loop: checkpoint the loader's state (:func:`make_loader`), which
     counts what was delivered, not the sampler's.
     """
@@ -77,6 +80,8 @@ class OwnerSampler(Sampler[int]):
         self._iter: Iterator[int] | None = None  # the current iterator, to count what it yielded
         self._iter_start = 0
         self._iter_len = 0
+        self.legs: tuple[Leg, ...] = ()  # earlier legs of this epoch, at other shapes
+        self._pool: tuple[tuple[int, tuple[Leg, ...]], np.ndarray, np.ndarray] | None = None
         agree_across_ranks(
             "OwnerSampler",
             {
@@ -97,10 +102,31 @@ class OwnerSampler(Sampler[int]):
         if epoch != self.epoch:
             self._next_yielded = None
             self._iter = None
+            self.legs = ()  # they named rows of that epoch
         self.epoch = epoch
+
+    def _legs_pool(self) -> tuple[np.ndarray, np.ndarray]:
+        """(delivered by the earlier legs, what they left), computed once per epoch and legs."""
+        key = (self.epoch, self.legs)
+        if self._pool is None or self._pool[0] != key:
+            done, pool = map_pool(
+                self.n_items, self.legs, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch
+            )
+            self._pool = (key, done, pool)
+        return self._pool[1], self._pool[2]
 
     def positions(self) -> np.ndarray:
         """This epoch's positions as an array (what ``__iter__`` yields)."""
+        if self.legs:
+            return split.map_share(
+                self._legs_pool()[1],
+                self.rank,
+                self.world_size,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=self.epoch,
+                leg=len(self.legs),
+            )
         return split.map_positions(
             self.n_items,
             self.rank,
@@ -109,6 +135,10 @@ class OwnerSampler(Sampler[int]):
             seed=self.seed,
             epoch=self.epoch,
         )
+
+    def delivered_before(self) -> np.ndarray:
+        """Positions this epoch's earlier legs delivered (on every rank alike; none if none)."""
+        return self._legs_pool()[0] if self.legs else np.zeros(0, dtype=np.int64)
 
     def __iter__(self) -> Iterator[int]:
         start = self._next_yielded or 0
@@ -128,23 +158,29 @@ class OwnerSampler(Sampler[int]):
             return 0
         return self._iter_start + self._iter_len - operator.length_hint(self._iter)
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "yielded"}``: plain ints, JSON-ready."""
-        return {"epoch": self.epoch, "yielded": self.yielded}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "yielded"}`` (and the epoch's earlier ``legs``, if any): JSON-ready."""
+        state: dict[str, Any] = {"epoch": self.epoch, "yielded": self.yielded}
+        if self.legs:
+            state["legs"] = [leg.to_state() for leg in self.legs]
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Make the next iteration yield epoch ``state_dict["epoch"]`` from ``yielded`` on."""
         epoch = state_count(state_dict, "epoch", "OwnerSampler")
         yielded = state_count(state_dict, "yielded", "OwnerSampler")
+        before = self.epoch, self.legs
+        self.epoch, self.legs = epoch, legs_from_state(state_dict.get("legs"))
         if yielded > len(self):
+            self.epoch, self.legs = before
             raise ValueError(
                 f"OwnerSampler state has yielded={yielded} but rank {self.rank}'s share holds "
                 f"{len(self)} positions"
             )
-        self.epoch = epoch
         self._iter = None
         self._next_yielded = yielded
 
     def __len__(self) -> int:
-        start, stop = split.share_bounds(self.n_items, self.rank, self.world_size)
+        n = len(self._legs_pool()[1]) if self.legs else self.n_items
+        start, stop = split.share_bounds(n, self.rank, self.world_size)
         return stop - start

@@ -3,14 +3,13 @@
 Ownership is laid out first and a shuffle is applied only inside an owner's share, so no seed,
 epoch or worker can ever move an item to a second owner (the lesson of MosaicML Streaming's
 partitioning, without its padding). Nothing here pads, repeats or drops an item, reads a file or
-imports torch. :func:`owner_stream` is the one definition of an iterable owner's row order, read
-by the iterable reader and by its resume positions alike; :func:`plan_split` proves a planned
-split exactly-once by running these same functions.
+imports torch. :mod:`pipeline.readers.stream` turns an iterable owner's parts into its row order;
+:func:`plan_split` proves a planned split exactly-once by running these same functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,11 +36,20 @@ def share_bounds(n_items: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * n_items // world_size, (rank + 1) * n_items // world_size
 
 
-def owner_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
-    """The generator that orders one rank's share in one epoch; it never decides ownership."""
+def order_key(seed: int, epoch: int, owner: int, leg: int = 0) -> tuple[int, ...]:
+    """What seeds an owner's order in one leg of an epoch (see :mod:`pipeline.readers.reshard`).
+
+    ``(seed, epoch, owner)`` in the first leg, the leg appended in later ones, so an epoch
+    resumed at another shape draws fresh orders for its new owners. It never decides ownership.
+    """
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-    return np.random.default_rng([seed, epoch, rank])
+    return (seed, epoch, owner) if leg == 0 else (seed, epoch, owner, leg)
+
+
+def owner_rng(seed: int, epoch: int, rank: int, leg: int = 0) -> np.random.Generator:
+    """The generator that orders one rank's share in one epoch; it never decides ownership."""
+    return np.random.default_rng(list(order_key(seed, epoch, rank, leg)))
 
 
 def map_positions(
@@ -57,6 +65,21 @@ def map_positions(
     if shuffle:
         owner_rng(seed, epoch, rank).shuffle(positions)
     return positions
+
+
+def map_share(
+    pool: np.ndarray, rank: int, world_size: int, *, shuffle: bool, seed: int, epoch: int, leg: int
+) -> np.ndarray:
+    """Rank ``rank``'s share of ``pool`` (the positions a leg of an epoch splits), in its order.
+
+    The same contiguous layout as :func:`map_positions` over the pool's order, permuted by the
+    rank's key for this leg; with ``pool = arange(n)`` and ``leg=0`` it is ``map_positions``.
+    """
+    start, stop = share_bounds(len(pool), rank, world_size)
+    share = np.array(pool[start:stop], dtype=np.int64)
+    if shuffle:
+        owner_rng(seed, epoch, rank, leg).shuffle(share)
+    return share
 
 
 def assign_parts(
@@ -119,164 +142,14 @@ def owner_index(rank: int, world_size: int, worker: int, num_workers: int) -> tu
 
 
 def part_order(
-    parts: Sequence[int], *, shuffle: bool, seed: int, epoch: int, owner: int
+    parts: Sequence[int], *, shuffle: bool, seed: int, epoch: int, owner: int, leg: int = 0
 ) -> list[int]:
-    """The order an owner streams its parts in: as given, or permuted by (seed, epoch, owner)."""
+    """The order an owner streams its parts in: as given, or permuted by its key for the leg."""
     parts = list(parts)
     if shuffle and parts:
-        rng = owner_rng(seed, epoch, owner)
+        rng = owner_rng(seed, epoch, owner, leg)
         parts = [parts[i] for i in rng.permutation(len(parts))]
     return parts
-
-
-def row_group_order(
-    n_groups: int, *, shuffle: bool, seed: int, epoch: int, owner: int, part: int
-) -> np.ndarray:
-    """The order an owner reads one part's row groups in: as stored, or permuted.
-
-    Each (part, row group) has its own generator, so a resumed stream can start at any row
-    group without drawing the permutations of the ones it skips.
-    """
-    if not shuffle:
-        return np.arange(n_groups, dtype=np.int64)
-    return np.random.default_rng([seed, epoch, owner, part, 0]).permutation(n_groups)
-
-
-def row_order(
-    n_rows: int, *, seed: int, epoch: int, owner: int, part: int, group: int
-) -> np.ndarray:
-    """The order an owner yields the rows of one row group in when shuffling (a permutation)."""
-    return np.random.default_rng([seed, epoch, owner, part, 1, group]).permutation(n_rows)
-
-
-# -- an iterable owner's stream -------------------------------------------------------------
-
-
-def owner_parts(
-    part_rows: Sequence[int],
-    owner: int,
-    n_owners: int,
-    workers_per_rank: int = 1,
-    *,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-) -> list[int]:
-    """The whole parts owner ``owner`` of ``n_owners`` streams this epoch, in streaming order."""
-    mine = assign_parts(part_rows, owner, n_owners, workers_per_rank)
-    return part_order(mine, shuffle=shuffle, seed=seed, epoch=epoch, owner=owner)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One stretch of an owner's stream: the rows of one part, or of one of its row groups.
-
-    An unshuffled stream reads each part whole, in stored order (``group`` is None); a shuffled
-    one reads row group ``group``, its rows permuted by ``shuffled_by`` = (seed, epoch, owner).
-    ``first`` is the part's row where the stretch begins, ``rows`` how many rows it holds and
-    ``skip`` how many of them, in stream order, were delivered before the stream (re)started.
-    """
-
-    part: int
-    group: int | None
-    first: int
-    rows: int
-    skip: int = 0
-    shuffled_by: tuple[int, int, int] | None = None
-
-    def order(self) -> np.ndarray:
-        """The part rows this stretch yields, relative to ``first``, in stream order."""
-        if self.shuffled_by is None or self.group is None:
-            return np.arange(self.skip, self.rows, dtype=np.int64)
-        seed, epoch, owner = self.shuffled_by
-        order = row_order(
-            self.rows, seed=seed, epoch=epoch, owner=owner, part=self.part, group=self.group
-        )
-        return order[self.skip :] if self.skip else order
-
-
-def owner_stream(
-    part_rows: Sequence[int],
-    group_rows: Callable[[int], Sequence[int]],
-    owner: int,
-    n_owners: int,
-    workers_per_rank: int = 1,
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool,
-    start: int = 0,
-) -> Iterator[Segment]:
-    """Owner ``owner``'s stream this epoch, from its row ``start`` on, as segments in order.
-
-    The owner reads its whole parts (:func:`owner_parts`) and, with ``shuffle``, each part's row
-    groups in :func:`row_group_order` and each row group's rows in :func:`row_order`. What lies
-    before ``start`` is left out: whole parts and row groups are not named at all, and the
-    segment holding ``start`` skips its delivered rows. ``group_rows(part)`` gives the row
-    group sizes of a part; it is asked only when shuffling, only for a non-empty part the
-    stream reaches, and only when the segments are drawn that far (they come lazily), so a
-    reader can open each part when the plan first needs it.
-    """
-    parts = owner_parts(
-        part_rows, owner, n_owners, workers_per_rank, shuffle=shuffle, seed=seed, epoch=epoch
-    )
-    total = sum(part_rows[p] for p in parts)
-    if not 0 <= start <= total:
-        raise ValueError(f"resume point {start} is past the {total} rows owner {owner} streams")
-    return _segments(part_rows, group_rows, parts, (seed, epoch, owner) if shuffle else None, start)
-
-
-def _segments(
-    part_rows: Sequence[int],
-    group_rows: Callable[[int], Sequence[int]],
-    parts: list[int],
-    shuffled_by: tuple[int, int, int] | None,
-    skip: int,
-) -> Iterator[Segment]:
-    for p in parts:
-        rows = int(part_rows[p])
-        if skip and skip >= rows:  # delivered before the resume point
-            skip -= rows
-            continue
-        if shuffled_by is None or rows == 0:
-            yield Segment(p, None, 0, rows, skip)
-            skip = 0
-            continue
-        sizes = [int(n) for n in group_rows(p)]
-        if sum(sizes) != rows:
-            raise ValueError(f"part {p} holds {rows} rows, its row groups {sum(sizes)}")
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        seed, epoch, owner = shuffled_by
-        groups = row_group_order(
-            len(sizes), shuffle=True, seed=seed, epoch=epoch, owner=owner, part=p
-        )
-        for g in groups.tolist():
-            if skip and skip >= sizes[g]:  # delivered before the resume point
-                skip -= sizes[g]
-                continue
-            yield Segment(p, g, int(starts[g]), sizes[g], skip, shuffled_by)
-            skip = 0
-
-
-def stream_positions(
-    segments: Iterable[Segment], part_offsets: Sequence[int] | np.ndarray, stop: int | None = None
-) -> np.ndarray:
-    """Index positions of ``segments``' rows in order (their first ``stop``), as ``int64``.
-
-    Stops drawing segments once ``stop`` rows are named, so a lazy plan reads no further.
-    """
-    out: list[np.ndarray] = []
-    left = stop
-    if left is None or left > 0:
-        for seg in segments:
-            pos = int(part_offsets[seg.part]) + seg.first + seg.order()
-            if left is not None:
-                pos = pos[:left]
-                left -= len(pos)
-            out.append(pos)
-            if left is not None and left <= 0:
-                break
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 # -- proving a planned split ----------------------------------------------------------------

@@ -40,7 +40,7 @@ from pipeline.training.features import (
     to_features,
 )
 from pipeline.training.model import MLP, save_checkpoint
-from pipeline.training.trainer import FitContext, FitResult
+from pipeline.training.trainer import FitContext, FitResult, merge_tallied_states
 
 CHECKPOINT = "model.pt"
 
@@ -184,8 +184,6 @@ def fit_reference(ctx: FitContext) -> FitResult:
     loader = ctx.loader(
         style=config.reader, batch_size=config.batch_size, shuffle=True, seed=config.seed
     )
-    batches = len(loader)  # this rank's batches per epoch (the same every epoch)
-    common = _all_min(batches, ctx.world_size)  # batches every rank still steps on
     resumed = ctx.progress.load()
     if resumed is None:
         spec = fit_spec(
@@ -212,13 +210,21 @@ def fit_reference(ctx: FitContext) -> FitResult:
         torch.set_rng_state(shared["rng"])
         curve = [float(v) for v in shared["loss_curve"]]
         first_epoch, step, done = int(shared["epoch"]), resumed.step, int(shared["done"])
-        sums = torch.tensor([float(v) for v in resumed.local["sums"]], dtype=torch.float64)
-        sums = sums.to(device)
-        loader.load_state_dict(resumed.local["loader"])
+        if resumed.local is not None:  # the same shape: this rank's own place
+            saved = resumed.local["sums"]
+            loader.load_state_dict(resumed.local["loader"])
+        else:  # another shape: the rest of the epoch re-split, rank 0 holding what was summed
+            saved = [sum(float(p["sums"][i]) for p in resumed.locals) for i in (0, 1)]
+            saved = saved if ctx.rank == 0 else [0.0, 0.0]
+            states = [p["loader"] for p in resumed.locals]
+            loader.load_state_dict(merge_tallied_states(states, rank=ctx.rank))
+            done = 0  # batches of this leg of the epoch
+        sums = torch.tensor([float(v) for v in saved], dtype=torch.float64, device=device)
         if ctx.rank == 0:
             ctx.log(
-                f"resumed after step {step}: epoch {first_epoch + 1}/{config.epochs}, "
-                f"{done} of {batches} batches done"
+                f"resumed after step {step} (cut on {resumed.world_size} rank(s), resumed on "
+                f"{ctx.world_size}): epoch {first_epoch + 1}/{config.epochs}, "
+                f"{len(loader) - done} of this rank's batches left"
             )
     net: nn.Module = model
     ddp: nn.parallel.DistributedDataParallel | None = None
@@ -230,14 +236,20 @@ def fit_reference(ctx: FitContext) -> FitResult:
             loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
             done = 0
             sums.zero_()
+        common = _all_min(len(loader), ctx.world_size)  # batches every rank steps on this leg
+        # ``step`` counts the steps every rank has taken, so the ranks agree on when a cut is
+        # due and name it alike even when their shares differ in batches (Join evens them out)
+        base = step - done
         join = contextlib.nullcontext() if ddp is None else torch.distributed.algorithms.Join([ddp])
         with join:
             for batch in loader:
                 x, y, w = step_tensors(batch, spec, config, index.id_field, has_status, device)
                 train_step(net, opt, x, y, w, sums, config)
-                step, done = step + 1, done + 1
-                # A cut only where every rank has stepped as often (none has run out yet).
-                if done <= common and ctx.progress.due(step):
+                done += 1
+                if done > common:  # this rank steps on alone (the others joined): no cut
+                    continue
+                step = base + done
+                if ctx.progress.due(step):
                     ctx.progress.save(
                         step,
                         shared={

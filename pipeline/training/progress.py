@@ -9,7 +9,8 @@ a rank killed while saving leaves the previous cut in force, never a mix of two.
 
 Everything is saved as tensors and plain data and loaded with ``weights_only=True``: a progress
 file can never run code. The directory is the pipeline's to choose (keyed by data, trainer,
-config and world size, so a changed run never resumes a stale one) and removed once the fit has
+config — not the shape — so a changed run never resumes a stale one, while the same run restarted
+on another number of ranks resumes from every old rank's part) and removed once the fit has
 finished and its checkpoint is written.
 """
 
@@ -32,16 +33,23 @@ _CUT = "step-{:010d}"
 
 
 class ProgressError(ValueError):
-    """A committed cut cannot be resumed here (another world size, or a rank's file missing)."""
+    """A committed cut cannot be resumed here (a rank's file is missing or unreadable)."""
 
 
 @dataclass(frozen=True)
 class Resumed:
-    """The cut a fit resumes from: the step it was taken after, and what was saved."""
+    """The cut a fit resumes from: the step it was taken after, and what was saved.
+
+    ``locals`` holds every rank's own part, by rank, as the cut's ``world_size`` ranks saved
+    them; ``local`` is this rank's when the fit resumes at that world size, else None (merge
+    the loader states of ``locals`` to resume at another shape).
+    """
 
     step: int
     shared: dict[str, Any]
-    local: dict[str, Any]
+    locals: list[dict[str, Any]]
+    world_size: int
+    local: dict[str, Any] | None
 
 
 class Progress:
@@ -62,6 +70,7 @@ class Progress:
         self.world_size = world_size
         self.every = every
         self.resumed_from: int | None = None  # the step of the cut :meth:`load` found
+        self.resumed_world_size: int | None = None  # the world size that cut was taken at
 
     @property
     def enabled(self) -> bool:
@@ -102,16 +111,15 @@ class Progress:
         self._barrier()
 
     def load(self) -> Resumed | None:
-        """The last committed cut (this rank's part and rank 0's shared state), else ``None``."""
+        """The last committed cut (every rank's part and rank 0's shared state), else ``None``.
+
+        The cut may have been taken at another world size: the fit then resumes the trainer's
+        state from rank 0's part and re-splits what its loaders had not delivered.
+        """
         if self.directory is None or not (self.directory / COMMITTED).is_file():
             return None
         committed = json.loads((self.directory / COMMITTED).read_text())
         step, world = int(committed["step"]), int(committed["world_size"])
-        if world != self.world_size:
-            raise ProgressError(
-                f"{self.directory}: the committed cut was taken with world size {world}, this "
-                f"fit runs with {self.world_size}"
-            )
         cut = self.directory / _CUT.format(step)
 
         def part(rank: int) -> dict[str, Any]:
@@ -121,10 +129,16 @@ class Progress:
             # on the CPU whatever device saved it: a fit may resume on other hardware
             return torch.load(path, weights_only=True, map_location="cpu")
 
-        own = part(self.rank)
-        shared = own["shared"] if self.rank == 0 else part(0)["shared"]
+        parts = [part(r) for r in range(world)]
         self.resumed_from = step
-        return Resumed(step=step, shared=shared, local=own["local"])
+        self.resumed_world_size = world
+        return Resumed(
+            step=step,
+            shared=parts[0]["shared"],
+            locals=[p["local"] for p in parts],
+            world_size=world,
+            local=parts[self.rank]["local"] if world == self.world_size else None,
+        )
 
     def clear(self) -> None:
         """Remove every cut: the fit finished and its checkpoint supersedes them. A collective."""

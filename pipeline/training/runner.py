@@ -51,6 +51,8 @@ class Resume(BaseModel):
 
     step: int
     reconciliation: ReconcileReport
+    #: the world size the cut was taken at (the record's ``world_size`` is the resumed one's)
+    world_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ def run_fit(
         interrupted = ctx.passes.resumed or OwnerCounts(label=f"rank {rank}")
         resumed = Resume(
             step=progress.resumed_from,
+            world_size=progress.resumed_world_size,
             reconciliation=reconcile_distributed(
                 index.manifest, interrupted, ids=index.ids, raise_on_mismatch=False
             ),
@@ -180,18 +183,11 @@ def train_once(
     return summary
 
 
-def progress_key(
-    index: Index, trainer_path: str, config: Any, *, world_size: int, num_workers: int
-) -> str:
-    """The name of a fit's mid-fit cuts: the same data, code path, config and split resume
-    each other's cuts; anything else starts afresh (never a cut of another run's data)."""
-    ident = {
-        "index_sha256": index.digest,
-        "trainer": trainer_path,
-        "config": config,
-        "world_size": world_size,
-        "num_workers": num_workers,
-    }
+def progress_key(index: Index, trainer_path: str, config: Any) -> str:
+    """The name of a fit's mid-fit cuts: the same data, code path and config resume each
+    other's cuts, on any number of ranks and workers; anything else starts afresh (never a cut
+    of another run's data)."""
+    ident = {"index_sha256": index.digest, "trainer": trainer_path, "config": config}
     text = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -39,7 +39,7 @@ import hashlib
 import importlib.metadata
 import inspect
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -52,6 +52,7 @@ from pipeline.bundle.errors import one_line
 from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import OwnerCounts, Tally
+from pipeline.readers.resume import merge_states
 from pipeline.training.device import to_device, wants_pinned_memory
 from pipeline.training.progress import Progress
 
@@ -164,6 +165,22 @@ class TalliedLoader:
         passes = state.get("passes", {})
         self._log.started = int(passes.get("started", self._log.started))
         self._log.completed = int(passes.get("completed", self._log.completed))
+
+
+def merge_tallied_states(states: Sequence[Mapping[str, Any]], *, rank: int) -> dict[str, Any]:
+    """Every old rank's :meth:`TalliedLoader.state_dict`, as one state rank ``rank`` of any
+    new shape loads: the loader states merged (:func:`~pipeline.readers.merge_states`) and the
+    statuses counted so far given to rank 0 alone, so the resumed pass still reconciles once."""
+    by_status: dict[str, int] = {}
+    if rank == 0:
+        for state in states:
+            for k, v in state["by_status"].items():
+                by_status[str(k)] = by_status.get(str(k), 0) + int(v)
+    return {
+        "loader": merge_states([s["loader"] for s in states]),
+        "by_status": by_status,
+        "passes": dict(states[0].get("passes", {})),
+    }
 
 
 class _Context:

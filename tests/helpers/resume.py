@@ -5,13 +5,24 @@ in-process resume tests (tests/readers/test_resume.py) and the ones with more wo
 from __future__ import annotations
 
 import json
+import pickle
 import warnings
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.readers import IdleOwnerWarning, Index, ReaderLoader, make_loader, set_epoch
+from pipeline.readers import (
+    IdleOwnerWarning,
+    Index,
+    Owner,
+    PartIterableDataset,
+    ReaderLoader,
+    make_loader,
+    merge_states,
+    set_epoch,
+)
+from pipeline.readers._progress import IterableProgress
 from tests.helpers.bundles import make_bundle, row_groups_of
 
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
@@ -89,3 +100,97 @@ def check_every_rank(index, style, workers, transfer, k, *, world):
         assert sorted(ids) == sorted(x for b in full for x in b)  # none lost
         everything += ids
     assert sorted(everything) == index.ids.to_pylist()
+
+
+# -- resuming at another shape ------------------------------------------------------------------
+
+
+class WorkersInProcess:
+    """What a ``DataLoader`` with ``num_workers`` iterable workers yields, in one process.
+
+    Each worker iterates its own copy of the dataset (pickled when the epoch starts, as a worker
+    process gets it) as its worker-owner, and batches arrive round-robin over the workers still
+    running, as torch's in-order loader delivers them. It lets a test walk every shape of ranks x
+    workers quickly; tests/integration/test_loader_workers.py resumes with real worker processes.
+    """
+
+    def __init__(self, dataset: PartIterableDataset, num_workers: int) -> None:
+        self.dataset = dataset
+        self.num_workers = num_workers
+
+    def __iter__(self):
+        ds = self.dataset
+        owners = [
+            Owner(ds.rank, ds.world_size, w, self.num_workers) for w in range(self.num_workers)
+        ]
+        copies = [pickle.loads(pickle.dumps(ds)) for _ in owners]
+        running = [_tagged(c, o) for o, c in zip(owners, copies, strict=True)]
+        while running:
+            for it in list(running):
+                try:
+                    yield next(it)
+                except StopIteration:
+                    running.remove(it)
+
+
+def _tagged(dataset: PartIterableDataset, owner: Owner):
+    for wire in dataset.iter_owner(owner, wire=True):
+        yield owner.worker, wire
+
+
+def shape_loader(
+    index: Index, style: str, rank: int, world: int, workers: int, *, real: bool = False
+) -> ReaderLoader:
+    """Rank ``rank`` of ``world``'s loader of 16-row batches: with ``real``, ``workers`` worker
+    processes; else its workers run in this process (none for map-style, whose workers only
+    fetch what the rank's sampler hands out)."""
+    if real or style == "map" or workers == 0:
+        n = workers if real else 0
+        return resume_loader(index, style=style, num_workers=n, rank=rank, world_size=world)
+    ds = PartIterableDataset(
+        index,
+        batch_size=16,
+        shuffle=True,
+        seed=7,
+        rank=rank,
+        world_size=world,
+        num_workers=workers,
+    )
+    return ReaderLoader(WorkersInProcess(ds, workers), 16, IterableProgress(ds))
+
+
+def cut_and_reshape(
+    index: Index,
+    style: str,
+    before: tuple[int, int],
+    after: tuple[int, int],
+    k: str,
+    *,
+    real: bool = False,
+):
+    """Every rank of shape ``before`` stops at batch ``k``; shape ``after`` reads the rest.
+
+    Returns the ids delivered before the cut and after it, and the merged state (as JSON).
+    """
+    world, workers = before
+    head: list[str] = []
+    states = []
+    for rank in range(world):
+        loader = shape_loader(index, style, rank, world, workers, real=real)
+        set_epoch(loader, EPOCH)
+        n = where(k, len(loader))
+        it = iter(loader)
+        head += [x for _ in range(n) for x in next(it)["item_id"]]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    merged = json.loads(json.dumps(merge_states(states)))
+    world, workers = after
+    tail: list[str] = []
+    counted: list[str] = []
+    for rank in range(world):
+        loader = shape_loader(index, style, rank, world, workers, real=real)
+        loader.load_state_dict(merged)
+        set_epoch(loader, EPOCH)
+        counted += index.ids.take(loader.delivered_positions()).to_pylist()
+        tail += [x for b in loader for x in b["item_id"]]
+    assert sorted(counted) == sorted(head)  # the merged state names what was delivered, once
+    return head, tail, merged

@@ -8,8 +8,11 @@ message, so batches are prefetched beyond ``k``), writes what it delivered and e
 mid-iteration; torchrun tears rank 0 down. ``--phase resume``: a fresh torchrun builds the same
 loaders, ``load_state_dict``s each rank's saved state, reads the rest of the epoch and reconciles
 the interrupted and the resumed reads together across ranks, then reads the next epoch whole.
-``--phase mismatch``: rank 1 builds its loader with another worker count, which every rank must
-refuse at construction. Each rank writes its pid to ``pid-<phase>-rank<R>``.
+``--phase reshape``: a torchrun of another size (3 ranks, 3 workers each) merges every stopped
+rank's state (``merge_states``), reads the rest of the epoch and reconciles it with what the
+stopped ranks had delivered (counted on rank 0), as one pass. ``--phase mismatch``: rank 1
+builds its loader with another worker count, which every rank must refuse at construction.
+Each rank writes its pid to ``pid-<phase>-rank<R>``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.owner import SplitMismatch
 from pipeline.readers.reconcile import Tally, reconcile_distributed
+from pipeline.readers.resume import merge_states
 
 EPOCH = 1
 STYLES = ("map", "iterable")
@@ -102,6 +106,28 @@ def resume(index: Index, out: Path, rank: int) -> None:
     write_json(out / f"resume-rank{rank}.json", summary)
 
 
+def reshape(index: Index, out: Path, rank: int) -> None:
+    summary: dict[str, dict] = {}
+    for style in STYLES:
+        stopped = sorted(out.glob(f"state-{style}-rank*.json"))
+        merged = merge_states([json.loads(p.read_text()) for p in stopped])
+        loader = loader_for(index, style, num_workers=3)
+        loader.load_state_dict(merged)
+        set_epoch(loader, EPOCH)
+        tally = Tally(index.id_field, label=f"rank{rank}")
+        if rank == 0:  # what every stopped rank trained on, counted once
+            for p in sorted(out.glob(f"stop-{style}-rank*.json")):
+                before = json.loads(p.read_text())
+                tally.update({index.id_field: before["ids"], "lithi_status": before["status"]})
+        resumed: list[str] = []
+        for batch in loader:
+            tally.update(batch)
+            resumed += batch[index.id_field]
+        report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
+        summary[style] = {"resumed": resumed, "report": report.as_dict()}
+    write_json(out / f"reshape-rank{rank}.json", summary)
+
+
 def mismatch(index: Index, out: Path, rank: int) -> None:
     try:
         loader_for(index, "iterable", num_workers=2 + rank)
@@ -113,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phase", choices=["stop", "resume", "mismatch"], required=True)
+    ap.add_argument("--phase", choices=["stop", "resume", "reshape", "mismatch"], required=True)
     ap.add_argument("--k", choices=["first", "middle", "last"], default="middle")
     ap.add_argument("--gloo-timeout", type=float, default=30.0)
     args = ap.parse_args()
@@ -127,6 +153,8 @@ def main() -> None:
         stop(index, out, args.k, rank)
     elif args.phase == "resume":
         resume(index, out, rank)
+    elif args.phase == "reshape":
+        reshape(index, out, rank)
     else:
         mismatch(index, out, rank)
     dist.destroy_process_group()

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
 import traceback
 from pathlib import Path
 
@@ -25,7 +29,9 @@ from pipeline.training.progress import COMMITTED
 from pipeline.training.runner import TrainSummary
 from tests.helpers import fit_once
 from tests.helpers.timing import limit, wait_until
-from tests.helpers.training import BATCH, N, classes_index, fit_config
+from tests.helpers.training import BATCH, EPOCHS, N, classes_index, fit_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +136,77 @@ def test_a_killed_fit_resumes_from_its_last_cut_exactly_once(
     assert summary.checkpoint.sha256 == whole.checkpoint.sha256
     assert summary.reconciliation.ok and summary.reconciliation.items_iterated == N
     assert not progress.exists()  # the finished checkpoint supersedes the cuts
+
+
+def _torchrun_fit(index, out: Path, progress: Path, style: str, every: int, env: dict, ranks: int):
+    """The same fit under a real torchrun of ``ranks`` ranks (no restarts): its exit code."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "tests.helpers.fit_once",
+        str(index.snapshot.root),
+        str(out),
+        str(progress),
+        json.dumps(fit_config(style)),
+        str(every),
+    ]
+    full = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=limit(300)
+    )
+    if proc.returncode and "SIGKILL" not in proc.stderr:
+        print(proc.stderr[-3000:])
+    return proc.returncode
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_a_fit_cut_on_two_ranks_resumes_on_one_and_on_three_exactly_once(index, tmp_path, style):
+    """Rank 1 of 2 dies mid-epoch 1, after a cut; the same fit restarted on 1 rank, and (from a
+    copy of the same cut) on 3, resumes the model and the readers' positions and reconciles the
+    interrupted pass as one: every item once, none twice, none lost."""
+    every, per_rank = 3, -(-(N // 2) // BATCH)
+    env = {
+        "FIT_TRAINER": "tests.helpers.killed_trainer:KilledOnce",
+        "KILL_MARKER": str(tmp_path / "killed"),
+        "KILL_RANK": "1",
+        "KILL_AFTER": str(per_rank + 5),  # 5 steps in: after the cut at step 3 (or later)
+    }
+    progress = tmp_path / "progress"
+    assert _torchrun_fit(index, tmp_path / "killed-run", progress, style, every, env, 2) != 0
+    assert (tmp_path / "killed").exists()
+    committed = json.loads((progress / COMMITTED).read_text())
+    assert committed["world_size"] == 2 and committed["step"] >= every  # a cut mid-fit
+    copy = tmp_path / "progress-copy"
+    shutil.copytree(progress, copy)
+    for ranks, cut in ((1, progress), (3, copy)):
+        out = tmp_path / f"on-{ranks}"
+        if ranks == 1:
+            assert _fit(index, out, cut, style, every, env) == 0
+        else:
+            assert _torchrun_fit(index, out, cut, style, every, env, ranks) == 0
+        summary = TrainSummary.model_validate_json((out / "summary.json").read_text())
+        assert summary.world_size == ranks
+        assert summary.resumed is not None and summary.resumed.step == committed["step"]
+        assert summary.resumed.world_size == 2  # the record names both shapes
+        interrupted = summary.resumed.reconciliation
+        assert interrupted.ok, interrupted.problems()
+        assert interrupted.items_iterated == N
+        assert interrupted.duplicates == 0 and interrupted.missing == 0
+        assert summary.reconciliation.ok and summary.reconciliation.items_iterated == N
+        assert len(summary.loss_curve) == EPOCHS
+        assert not cut.exists()  # the finished checkpoint supersedes the cuts

@@ -17,7 +17,7 @@ from pipeline.readers import (
     set_epoch,
 )
 from tests.helpers.bundles import make_bundle
-from tests.helpers.resume import check_every_rank, resume_index
+from tests.helpers.resume import check_every_rank, cut_and_reshape, resume_index
 
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
 
@@ -130,3 +130,15 @@ def test_stop_after_k_batches_and_resume_exactly_once(resume_index_, style, work
 @pytest.mark.parametrize("style", ["map", "iterable"])
 def test_resume_on_other_rank_counts(resume_index_, style, world, workers, k):
     check_every_rank(resume_index_, style, workers, 4, k, world=world)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [((2, 3), (3, 2)), ((1, 2), (3, 1)), ((3, 1), (1, 3)), ((2, 2), (2, 3))],
+    ids=lambda s: f"{s[0]}x{s[1]}",
+)
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_resume_at_another_shape_with_worker_processes(resume_index_, style, before, after):
+    head, tail, _ = cut_and_reshape(resume_index_, style, before, after, "middle", real=True)
+    assert len(head) + len(tail) == len(resume_index_)
+    assert sorted(head + tail) == resume_index_.ids.to_pylist()

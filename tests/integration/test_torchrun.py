@@ -39,14 +39,14 @@ def _free_port() -> int:
 
 
 def _torchrun(
-    bundle: Path, out: Path, *extra: str, timeout: float, script: Path = SCRIPT
+    bundle: Path, out: Path, *extra: str, timeout: float, script: Path = SCRIPT, ranks: int = 2
 ) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        "2",
+        str(ranks),
         "--master-addr",
         "127.0.0.1",
         "--master-port",
@@ -149,6 +149,35 @@ def test_an_epoch_killed_by_sigkill_resumes_exactly_once(bundle, tmp_path, k):
                 assert report["duplicates"] == 0 and report["missing"] == 0
             every += ids
         assert sorted(every) == expected  # across ranks: every item once
+
+
+@pytest.mark.timeout(600)
+def test_an_epoch_cut_on_two_ranks_resumes_on_three_exactly_once(bundle, tmp_path):
+    """2 ranks x 2 workers stop mid-epoch (rank 1 SIGKILLed); 3 ranks x 3 workers read the rest
+    from the merged states and reconcile it with what the 2 had delivered, as one pass."""
+    gloo = ("--gloo-timeout", str(limit(120)))
+    stop = ("--phase", "stop", "--k", "middle", *gloo)
+    stopped = _torchrun(bundle, tmp_path, *stop, timeout=240, script=RESUME_SCRIPT)
+    assert "Signal 9 (SIGKILL)" in stopped.stderr, stopped.stderr[-3000:]
+    reshaped = _torchrun(
+        bundle, tmp_path, "--phase", "reshape", *gloo, timeout=240, script=RESUME_SCRIPT, ranks=3
+    )
+    assert reshaped.returncode == 0, reshaped.stderr[-3000:]
+    for style in ("map", "iterable"):
+        every = [
+            x
+            for r in (0, 1)
+            for x in json.loads((tmp_path / f"stop-{style}-rank{r}.json").read_text())["ids"]
+        ]
+        assert every  # the cut fell mid-epoch
+        for r in (0, 1, 2):
+            summary = json.loads((tmp_path / f"reshape-rank{r}.json").read_text())[style]
+            report = summary["report"]  # reconciled across the three ranks, the cut included
+            assert report["ok"] and report["items_iterated"] == sum(SIZES), report
+            assert report["duplicates"] == 0 and report["missing"] == 0
+            assert summary["resumed"], f"rank {r} of 3 was given part of the rest"
+            every += summary["resumed"]
+        assert sorted(every) == sorted(f"{i:05d}" for i in range(sum(SIZES)))
 
 
 @pytest.mark.timeout(300)

@@ -23,11 +23,14 @@ from pipeline.readers import (
     OwnerSampler,
     PartIterableDataset,
     ResumeMismatch,
+    merge_states,
     set_epoch,
 )
 from tests.helpers.resume import EPOCH, ROW_GROUP, resume_index
 from tests.helpers.resume import check_every_rank as _check_every_rank
+from tests.helpers.resume import cut_and_reshape as _cut_and_reshape
 from tests.helpers.resume import resume_loader as _loader
+from tests.helpers.resume import shape_loader as _shape_loader
 from tests.helpers.resume import stop_and_resume as _stop_and_resume
 
 
@@ -229,7 +232,8 @@ def test_a_state_in_the_version_1_layout_loads_and_resumes(index, style):
     full = [x for b in whole for x in b["item_id"]]
     loader = _loader(index, **kw)
     loader.load_state_dict(json.loads(json.dumps(saved)))
-    assert loader.state_dict() == saved  # the same keys and values, read back unchanged
+    # read back unchanged, in today's layout: version 2, no earlier legs
+    assert loader.state_dict() == {**saved, "version": 2, "legs": []}
     assert index.ids.take(loader.delivered_positions()).to_pylist() == full[:40]
     set_epoch(loader, EPOCH)
     assert [x for b in loader for x in b["item_id"]] == full[40:]
@@ -298,3 +302,99 @@ def test_the_iterable_dataset_refuses_a_dataloader_with_another_worker_count(ind
     with pytest.raises(ValueError, match="num_workers=2"):
         next(iter(ds))  # iterated in the main process: 1 owner, not the 2 it was built for
     assert len(ds) == sum(-(-r // 8) for r in ds.owner_rows())
+
+
+# -- resuming at another shape ----------------------------------------------------------------
+
+RANKS = [1, 2, 3]
+SHAPES = [(r, w) for r in RANKS for w in (0, 1, 2, 3)]
+
+
+def _exactly_once(index, head, tail):
+    assert len(head) + len(tail) == len(index)  # none twice (with the next line), none lost
+    assert sorted(head + tail) == index.ids.to_pylist()
+
+
+@pytest.mark.filterwarnings("ignore::pipeline.readers.IdleOwnerWarning")
+@pytest.mark.parametrize("k", ["first", "middle", "last"])
+@pytest.mark.parametrize("after", SHAPES, ids=lambda s: f"to{s[0]}x{s[1]}")
+@pytest.mark.parametrize("before", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_an_iterable_epoch_resumes_exactly_once_at_any_shape(index, before, after, k):
+    head, tail, merged = _cut_and_reshape(index, "iterable", before, after, k)
+    _exactly_once(index, head, tail)
+    assert len(json.dumps(merged)) < 600  # a few ints per owner, no ids
+
+
+@pytest.mark.parametrize("k", ["first", "middle", "last"])
+@pytest.mark.parametrize("after", RANKS, ids=lambda r: f"to{r}")
+@pytest.mark.parametrize("before", RANKS, ids=str)
+def test_a_map_epoch_resumes_exactly_once_on_any_number_of_ranks(index, before, after, k):
+    """Map-style ownership is per rank (its workers fetch what the sampler hands out), so the
+    ranks are the shape; a new worker count is shown above to change nothing."""
+    head, tail, merged = _cut_and_reshape(index, "map", (before, 0), (after, 0), k)
+    _exactly_once(index, head, tail)
+    assert len(json.dumps(merged)) < 400
+
+
+def test_an_epoch_resumed_twice_at_new_shapes_is_still_read_once(index):
+    """A merged state carries its legs: cut at 2 ranks, resume at 3, cut again, resume at 1."""
+    for style, shapes in (
+        ("map", [(2, 0), (3, 0), (1, 0)]),
+        ("iterable", [(2, 3), (3, 2), (1, 0)]),
+    ):
+        states, head = [], []
+        for rank in range(shapes[0][0]):
+            loader = _shape_loader(index, style, rank, *shapes[0])
+            set_epoch(loader, EPOCH)
+            it = iter(loader)
+            head += [x for _ in range(3) for x in next(it)["item_id"]]
+            states.append(loader.state_dict())
+        merged = merge_states(states)
+        states = []
+        for rank in range(shapes[1][0]):
+            loader = _shape_loader(index, style, rank, *shapes[1])
+            loader.load_state_dict(merged)
+            it = iter(loader)
+            head += [x for _ in range(2) for x in next(it)["item_id"]]
+            states.append(loader.state_dict())
+        merged = merge_states(states)
+        assert len(merged["legs"]) == 2
+        loader = _shape_loader(index, style, 0, *shapes[2])
+        loader.load_state_dict(merged)
+        assert sorted(index.ids.take(loader.delivered_positions()).to_pylist()) == sorted(head)
+        _exactly_once(index, head, [x for b in loader for x in b["item_id"]])
+
+
+def test_one_ranks_state_at_another_shape_is_refused_and_says_how(index):
+    state = _loader(index, style="map", num_workers=0, rank=0, world_size=2).state_dict()
+    other = _loader(index, style="map", num_workers=0, rank=0, world_size=3)
+    with pytest.raises(ResumeMismatch, match="merge every rank's state with merge_states"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"), [(dict(seed=8), "seed"), (dict(shuffle=False), "shuffle")]
+)
+def test_a_merged_state_of_another_split_is_refused(index, change, field):
+    kw = dict(style="iterable", num_workers=0, world_size=2)
+    merged = merge_states([_loader(index, rank=r, **kw).state_dict() for r in range(2)])
+    with pytest.raises(ResumeMismatch, match=field):
+        _loader(index, **{**kw, **change, "rank": 0}).load_state_dict(merged)
+    with pytest.raises(ResumeMismatch, match="snapshot"):
+        _loader(index, **{**kw, "rank": 0}).load_state_dict({**merged, "snapshot": "x:y"})
+
+
+def test_merge_states_needs_every_rank_of_one_step(index):
+    kw = dict(style="map", num_workers=0, world_size=2)
+    loaders = [_loader(index, rank=r, **kw) for r in range(2)]
+    it = iter(loaders[0])
+    next(it)
+    states = [lo.state_dict() for lo in loaders]
+    with pytest.raises(ResumeMismatch, match="got ranks \\[0\\]"):
+        merge_states(states[:1])
+    with pytest.raises(ResumeMismatch, match="got ranks \\[0, 0\\]"):
+        merge_states([states[0], states[0]])
+    with pytest.raises(ResumeMismatch, match="epoch"):
+        merge_states([states[0], {**states[1], "epoch": 9}])
+    with pytest.raises(ResumeMismatch, match="not merged states"):
+        merge_states([merge_states(states)])

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler
 
-from pipeline.readers import split
+from pipeline.readers import split, stream
 from pipeline.readers.balance import balance
 from pipeline.readers.owner import Owner
 from pipeline.readers.sampler import OwnerSampler
@@ -187,7 +187,7 @@ def _plan(groups, world, workers, seed, epoch, shuffle, owner, start=0, asked=No
             asked.append(p)
         return groups[p]
 
-    return split.owner_stream(
+    return stream.owner_stream(
         [sum(g) for g in groups],
         group_rows,
         owner,
@@ -206,7 +206,7 @@ def _offsets(groups) -> np.ndarray:
 
 def _positions(groups, world, workers, seed, epoch, shuffle, owner, start=0) -> list[int]:
     segments = _plan(groups, world, workers, seed, epoch, shuffle, owner, start)
-    return split.stream_positions(segments, _offsets(groups)).tolist()
+    return stream.stream_positions(segments, _offsets(groups)).tolist()
 
 
 @settings(max_examples=min(150, settings().max_examples))
@@ -219,11 +219,11 @@ def test_owner_streams_name_every_row_exactly_once_and_parts_whole(
     every = sorted(x for s in streams for x in s)
     assert every == list(range(sum(map(sum, groups))))  # a permutation: none twice, none lost
     offsets = _offsets(groups)
-    for o, stream in enumerate(streams):  # each part's rows all go to the one owner of the part
-        parts = {int(np.searchsorted(offsets, x, side="right") - 1) for x in stream}
+    for o, owned in enumerate(streams):  # each part's rows all go to the one owner of the part
+        parts = {int(np.searchsorted(offsets, x, side="right") - 1) for x in owned}
         mine = split.assign_parts([sum(g) for g in groups], o, owners, max(workers, 1))
         assert parts <= set(mine)
-        assert len(stream) == sum(sum(groups[p]) for p in mine)
+        assert len(owned) == sum(sum(groups[p]) for p in mine)
 
 
 @settings(max_examples=min(150, settings().max_examples))
@@ -235,7 +235,7 @@ def test_a_stream_resumed_at_any_row_is_the_rest_of_the_whole_stream(
         whole = _positions(groups, world, workers, seed, epoch, shuffle, o)
         k = int(cut * len(whole))
         assert _positions(groups, world, workers, seed, epoch, shuffle, o, start=k) == whole[k:]
-        stop = split.stream_positions(
+        stop = stream.stream_positions(
             _plan(groups, world, workers, seed, epoch, shuffle, o), _offsets(groups), k
         )
         assert stop.tolist() == whole[:k]  # what a state's rows name as delivered
@@ -269,7 +269,7 @@ def test_the_stream_is_a_pure_function_that_asks_only_for_what_it_reaches(
         # naming the first k rows draws the plan no further than the part holding row k
         prefix: list[int] = []
         segments = _plan(groups, world, workers, seed, epoch, shuffle, o, asked=prefix)
-        split.stream_positions(segments, _offsets(groups), k)
+        stream.stream_positions(segments, _offsets(groups), k)
         assert prefix == asked[: len(prefix)] and (k > 0 or prefix == [])
         if prefix:
             order = list(dict.fromkeys(s.part for s in first))
@@ -289,13 +289,9 @@ def _todays_positions(groups, world, workers, seed, epoch, shuffle, owner) -> li
             out.extend(range(start, start + rows[p]))
             continue
         bounds = np.concatenate([[0], np.cumsum(groups[p])])
-        order = split.row_group_order(
-            len(groups[p]), shuffle=True, seed=seed, epoch=epoch, owner=owner, part=p
-        )
+        order = stream.row_group_order(len(groups[p]), key=(seed, epoch, owner), part=p)
         for g in map(int, order):
-            perm = split.row_order(
-                groups[p][g], seed=seed, epoch=epoch, owner=owner, part=p, group=g
-            )
+            perm = stream.row_order(groups[p][g], key=(seed, epoch, owner), part=p, group=g)
             out.extend((start + bounds[g] + perm).tolist())
     return out
 
