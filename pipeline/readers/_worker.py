@@ -4,19 +4,26 @@ Private, like torch's ``utils/data/_utils/worker.py``: :func:`_init_worker` is t
 ``worker_init_fn`` of make_loader's workers (it chooses their Arrow memory pool),
 :func:`_prefetch_factor` how far ahead an iterable worker may run, and
 :func:`_widen_result_pipe` gives the pipe their messages cross a larger buffer. None of them
-changes what is read; only the speed differs.
+changes what is read; only the speed differs. :class:`WireMap` and :class:`WireIterable` are
+what the workers iterate: the readers' batches in wire form, tagged for the main process's count.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from pipeline.readers.index import Index
+from pipeline.readers.tensors import Wire
+
+if TYPE_CHECKING:
+    from pipeline.readers.iterable import PartIterableDataset
+    from pipeline.readers.map_style import MapDataset
 
 #: The Arrow memory pool a DataLoader worker decodes into (unless ``ARROW_DEFAULT_MEMORY_POOL``
 #: names one). A worker decodes parts of tens of MB, publishes or sends them and frees them;
@@ -96,3 +103,47 @@ def _pipe_bytes() -> int:
             return min(PIPE_BYTES, int(f.read()))
     except (OSError, ValueError):
         return PIPE_BYTES
+
+
+class WireMap(Dataset):
+    """What a map-style worker fetches: ``MapDataset`` batches in their wire form.
+
+    Tagged with prefix 0, like the iterable reader's worker tags: a map-style epoch is one
+    prefix of the sampler's order, whichever worker fetched a batch.
+    """
+
+    def __init__(self, dataset: MapDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[int, Wire]:
+        return 0, self.dataset.take_wire(indices)
+
+    def __getitem__(self, i: int) -> tuple[int, Wire]:
+        return self.__getitems__([i])
+
+
+class WireIterable(IterableDataset):
+    """What an iterable worker streams: its batches in wire form, tagged with the worker.
+
+    The main process counts delivered rows per worker-owner from the tag: a worker's own
+    batches arrive in order, so each count is a prefix of that owner's stream.
+    """
+
+    def __init__(self, dataset: PartIterableDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[tuple[int, Wire]]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        return ((worker, w) for w in self.dataset.iter_wire())
+
+
+def as_is(item: Any) -> Any:
+    """The ``collate_fn`` of the inner loaders: a wire batch must not be converted on the way."""
+    return item

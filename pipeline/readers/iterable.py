@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset
 
-from pipeline.bundle.errors import RowCountMismatch
 from pipeline.bundle.verify import VerifiedSnapshot
 from pipeline.readers import stream
 from pipeline.readers.index import Index, as_index
 from pipeline.readers.map_style import coded_columns
+from pipeline.readers.open_part import OpenPart
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
 from pipeline.readers.reshard import Leg, iterable_delivered, iterable_pool, legs_from_state
 from pipeline.readers.sampler import is_count, state_count
@@ -147,7 +147,7 @@ class PartIterableDataset(IterableDataset):
         if self._pool is None or self._pool[0] != key:
             units = iterable_pool(
                 self.index.part_rows,
-                _OpenPart(self.index, []).group_rows,
+                OpenPart(self.index, []).group_rows,
                 self.legs,
                 shuffle=self.shuffle,
                 seed=self.seed,
@@ -182,7 +182,7 @@ class PartIterableDataset(IterableDataset):
         """Batches this rank yields in a whole epoch, over all its workers."""
         return sum(math.ceil(r / self.batch_size) for r in self.owner_rows())
 
-    def _plan(self, owner: Owner, start: int, files: _OpenPart) -> Iterator[stream.Segment]:
+    def _plan(self, owner: Owner, start: int, files: OpenPart) -> Iterator[stream.Segment]:
         """``owner``'s stream this epoch from its row ``start`` on (the one order there is)."""
         return stream.owner_stream(
             self.index.part_rows,
@@ -252,7 +252,7 @@ class PartIterableDataset(IterableDataset):
         Computed from the split, the seed and the Parquet footers (row group sizes); no data is
         read. With a state's ``rows[w]`` as ``stop`` it names exactly what owner ``w`` delivered.
         """
-        plan = self._plan(owner, 0, _OpenPart(self.index, []))
+        plan = self._plan(owner, 0, OpenPart(self.index, []))
         return stream.stream_positions(plan, self.index.part_offsets, stop)
 
     def delivered_before(self) -> np.ndarray:
@@ -261,7 +261,7 @@ class PartIterableDataset(IterableDataset):
             return np.zeros(0, dtype=np.int64)
         return iterable_delivered(
             self.index.part_rows,
-            _OpenPart(self.index, []).group_rows,
+            OpenPart(self.index, []).group_rows,
             self.legs,
             self.index.part_offsets,
             shuffle=self.shuffle,
@@ -333,7 +333,7 @@ class PartIterableDataset(IterableDataset):
 
     def _read(self, owner: Owner, start: int) -> Iterator[pa.Table]:
         """The owner's rows as tables, from row ``start`` of its stream on, as planned."""
-        files = _OpenPart(self.index, coded_columns(self.index, self.columns))
+        files = OpenPart(self.index, coded_columns(self.index, self.columns))
         for seg in self._plan(owner, start, files):
             pf = files.open(seg.part)
             if seg.group is None:  # the whole part in stored order
@@ -373,31 +373,3 @@ class PartIterableDataset(IterableDataset):
             IdleOwnerWarning,
             stacklevel=3,
         )
-
-
-class _OpenPart:
-    """The part a stream is reading: opened once, when the plan first needs it, and checked."""
-
-    def __init__(self, index: Index, coded: list[str]) -> None:
-        self._index = index
-        self._coded = coded
-        self._part = -1
-        self._file: pq.ParquetFile | None = None
-
-    def open(self, p: int) -> pq.ParquetFile:
-        """Part ``p``'s Parquet file, refused if its row count is not the manifest's."""
-        if self._file is None or self._part != p:
-            path, rows = self._index.part_paths[p], self._index.part_rows[p]
-            pf = pq.ParquetFile(path, memory_map=True, read_dictionary=self._coded or None)
-            if pf.metadata.num_rows != rows:  # the file changed after verification
-                raise RowCountMismatch(
-                    f"{path}: manifest says {rows} rows, found {pf.metadata.num_rows}",
-                    path=self._index.manifest.parts[p].path,
-                )
-            self._part, self._file = p, pf
-        return self._file
-
-    def group_rows(self, p: int) -> list[int]:
-        """Rows per row group of part ``p``, from its footer."""
-        meta = self.open(p).metadata
-        return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Sampler
 
 from pipeline.readers import _worker
 from pipeline.readers._progress import IterableProgress, MapProgress, Progress
@@ -106,11 +106,11 @@ def make_loader(
         sampler = OwnerSampler(index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
         loader_kwargs.setdefault("persistent_workers", num_workers > 0)
         inner = DataLoader(
-            _WireMap(ds),
+            _worker.WireMap(ds),
             batch_size=inner_batch,
             sampler=sampler,
             num_workers=num_workers,
-            collate_fn=_as_is,
+            collate_fn=_worker.as_is,
             drop_last=drop_last,
             **loader_kwargs,
         )
@@ -134,10 +134,10 @@ def make_loader(
             prefetch = _worker._prefetch_factor(index, inner_batch)
             loader_kwargs.setdefault("prefetch_factor", prefetch)
         inner = DataLoader(
-            _WireIterable(ids),
+            _worker.WireIterable(ids),
             batch_size=None,
             num_workers=num_workers,
-            collate_fn=_as_is,
+            collate_fn=_worker.as_is,
             **loader_kwargs,
         )
         progress = IterableProgress(ids)
@@ -146,50 +146,6 @@ def make_loader(
     return ReaderLoader(
         inner, batch_size, progress, transfer_batches=transfer_batches, pin_memory=pin_memory
     )
-
-
-class _WireMap(Dataset):
-    """What a map-style worker fetches: ``MapDataset`` batches in their wire form.
-
-    Tagged with prefix 0, like the iterable reader's worker tags: a map-style epoch is one
-    prefix of the sampler's order, whichever worker fetched a batch.
-    """
-
-    def __init__(self, dataset: MapDataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitems__(self, indices: Sequence[int]) -> tuple[int, Wire]:
-        return 0, self.dataset.take_wire(indices)
-
-    def __getitem__(self, i: int) -> tuple[int, Wire]:
-        return self.__getitems__([i])
-
-
-class _WireIterable(IterableDataset):
-    """What an iterable worker streams: its batches in wire form, tagged with the worker.
-
-    The main process counts delivered rows per worker-owner from the tag: a worker's own
-    batches arrive in order, so each count is a prefix of that owner's stream.
-    """
-
-    def __init__(self, dataset: PartIterableDataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __iter__(self) -> Iterator[tuple[int, Wire]]:
-        info = get_worker_info()
-        worker = 0 if info is None else info.id
-        return ((worker, w) for w in self.dataset.iter_wire())
-
-
-def _as_is(item: Any) -> Any:
-    """The ``collate_fn`` of the inner loaders: a wire batch must not be converted on the way."""
-    return item
 
 
 class ReaderLoader:
