@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import traceback
@@ -28,6 +27,7 @@ from pipeline.training import REFERENCE_TRAINER, hash_checkpoint, load_trainer, 
 from pipeline.training.progress import COMMITTED
 from pipeline.training.runner import TrainSummary
 from tests.helpers import fit_once
+from tests.helpers.ports import free_port
 from tests.helpers.timing import limit, wait_until
 from tests.helpers.training import BATCH, EPOCHS, N, classes_index, fit_config
 
@@ -149,7 +149,7 @@ def _torchrun_fit(index, out: Path, progress: Path, style: str, every: int, env:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "tests.helpers.fit_once",
         str(index.snapshot.root),
@@ -165,12 +165,6 @@ def _torchrun_fit(index, out: Path, progress: Path, style: str, every: int, env:
     if proc.returncode and "SIGKILL" not in proc.stderr:
         print(proc.stderr[-3000:])
     return proc.returncode
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(900)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pipeline.defs.jobs import CHAIN_JOB_NAME
 from pipeline.training.record import read_record
 from resources.settings import REPO_ROOT
 from tests.helpers.chain import CHAIN_EDGES
+from tests.helpers.ports import free_port
 from tests.helpers.timing import limit
 
 if TYPE_CHECKING:
@@ -72,12 +72,6 @@ EDGES_JS = """
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _chain_name(text: str) -> str:
     """The one chain asset named in a graph node's text."""
     found = [name for name in CHAIN if name in text]
@@ -88,7 +82,7 @@ def _chain_name(text: str) -> str:
 @pytest.fixture(scope="module")
 def webserver(lineage_instance: LineageInstance, tmp_path_factory) -> Iterator[str]:
     """A real ``dagster-webserver`` over the fixture's instance; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("webserver") / "webserver.log"
     cmd = [
         sys.executable, "-m", "dagster_webserver", "-w", str(lineage_instance.workspace),

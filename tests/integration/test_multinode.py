@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,16 +26,11 @@ from pipeline.training.runner import TrainSummary, hash_checkpoint
 from pipeline.training.trainer import REFERENCE_TRAINER
 from resources.bundle_store import BundleStore
 from resources.compute.faults import FaultSpec
+from tests.helpers.ports import free_port
 from tests.helpers.timing import limit
 
 ROOT = Path(__file__).resolve().parents[2]
 ITEMS = 5_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_command(node_rank: int, port: int, launch_args: list[str]) -> list[str]:
@@ -68,7 +62,7 @@ def test_two_torchrun_nodes_train_and_reconcile_exactly_once(tmp_path):
     # Outside Dagster: no Pipes context in the environment, so no rank opens a Pipes channel.
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    port = _free_port()
+    port = free_port()
     nodes = [
         subprocess.Popen(
             node_command(k, port, launch_args),

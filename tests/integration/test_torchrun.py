@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.bundles import make_bundle
+from tests.helpers.ports import free_port
 from tests.helpers.timing import limit
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "torchrun_coverage.py"
@@ -32,12 +32,6 @@ def _shared_dirs(out: Path, pattern: str = "pid-*") -> set[str]:
     return {n for n in os.listdir(partcache.default_root()) if n.startswith(mine)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(
     bundle: Path, out: Path, *extra: str, timeout: float, script: Path = SCRIPT, ranks: int = 2
 ) -> subprocess.CompletedProcess:
@@ -50,7 +44,7 @@ def _torchrun(
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(script),
         "--bundle",
         str(bundle),
