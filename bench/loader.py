@@ -30,7 +30,9 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -73,7 +75,10 @@ SCHEMA = pa.schema(
 )
 
 
-def _batches(rows: int, chunk: int = 65_536):
+def bench_rows(
+    rows: int, chunk: int = 65_536, label: Callable[[np.ndarray], np.ndarray] | None = None
+):
+    """The bench rows: ``label`` maps row numbers to labels (default: ten labels in turn)."""
     rng = np.random.default_rng(0)
     for start in range(0, rows, chunk):
         n = min(chunk, rows - start)
@@ -85,7 +90,7 @@ def _batches(rows: int, chunk: int = 65_536):
             [
                 pa.array([f"{k:08d}" for k in i], pa.string()),
                 pa.FixedSizeListArray.from_arrays(pa.array(feats.ravel()), FEATURES),
-                pa.array(i % 10, pa.int64()),
+                pa.array(i % 10 if label is None else label(i), pa.int64()),
                 pa.array(status),
                 pa.array(conf, mask=status == "failed"),
                 pa.array(np.where(status == "accepted", "checked", "none")),
@@ -96,20 +101,25 @@ def _batches(rows: int, chunk: int = 65_536):
 
 def bundle(rows: int) -> Index:
     """The cached bench bundle of ``rows`` rows, staged on first use and verified every time."""
-    dest = OUT / f"loader-{rows}"
+    return staged(OUT / f"loader-{rows}", bench_rows(rows))
+
+
+def staged(dest: Path, batches: Iterable[pa.RecordBatch], **kw: Any) -> Index:
+    """The result bundle at ``dest`` (staged from ``batches`` first if absent), verified."""
     if not dest.exists():
-        OUT.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
         stage(
-            _batches(rows),
+            batches,
             dest,
             schema=SCHEMA,
             id_field="item_id",
             kind="result",
             job=JobInfo(job_id="bench", status="SUCCEEDED", attempt=1),
             input=InputRef(version_id="bench-input", content_sha256="0" * 64),
+            **kw,
         )
-        print(f"staged {rows:,} rows in {time.perf_counter() - t:.1f} s at {dest.name}")
+        print(f"staged in {time.perf_counter() - t:.1f} s at {dest.name}")
     return Index.from_snapshot(verify(dest))
 
 

@@ -62,6 +62,7 @@ class Progress(ABC):
         return {
             "style": self.style,
             "shuffle": r.shuffle,
+            "mix": r.mix,
             "seed": r.seed,
             "items": len(index),
             "snapshot": index.snapshot_tag,

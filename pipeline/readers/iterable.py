@@ -16,14 +16,14 @@ from typing import Any, Literal, overload
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset
 
 from pipeline.bundle.verify import VerifiedSnapshot
+from pipeline.readers import mix as mixing
 from pipeline.readers import stream
 from pipeline.readers.index import Index, as_index
 from pipeline.readers.map_style import coded_columns
-from pipeline.readers.open_part import OpenPart
+from pipeline.readers.open_part import OpenPart, read_lanes
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
 from pipeline.readers.reshard import Leg, iterable_delivered, iterable_pool, legs_from_state
 from pipeline.readers.sampler import is_count, state_count
@@ -69,7 +69,10 @@ class PartIterableDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int | None = None,
+        mix: bool = False,
     ) -> None:
+        if mix and not shuffle:
+            raise ValueError("mix=True is a shuffle: it needs shuffle=True")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if num_workers is not None and num_workers < 0:
@@ -78,6 +81,7 @@ class PartIterableDataset(IterableDataset):
         self.columns = self.index.resolve_columns(columns)
         self.batch_size = batch_size
         self.shuffle = shuffle
+        self.mix = mix
         self.seed = seed
         self.num_workers = num_workers
         # resolved here, in the main process: a spawned worker has no process group
@@ -97,6 +101,7 @@ class PartIterableDataset(IterableDataset):
                 "world_size": self.world_size,
                 "num_workers": num_workers,
                 "shuffle": shuffle,
+                "mix": mix,
                 "seed": seed,
             },
             self.rank,
@@ -140,8 +145,8 @@ class PartIterableDataset(IterableDataset):
             )
 
     def _units(self) -> list[stream.Unit] | None:
-        """What this leg of the epoch splits: None for every whole part (the first leg)."""
-        if not self.legs:
+        """What this leg of the epoch splits: None for every whole part (an unmixed first leg)."""
+        if not self.legs and not self.mix:
             return None
         key = (self.epoch, self.legs)
         if self._pool is None or self._pool[0] != key:
@@ -152,12 +157,29 @@ class PartIterableDataset(IterableDataset):
                 shuffle=self.shuffle,
                 seed=self.seed,
                 epoch=self.epoch,
+                mix=self.mix,
             )
             self._pool = (key, units)
         return self._pool[1]
 
+    def lanes_for(self, owner: Owner) -> list[list[stream.Unit]]:
+        """The lanes of row group units ``owner`` interleaves this epoch (``mix`` only)."""
+        pool = self._units()
+        assert pool is not None and self.mix
+        return mixing.owner_lanes(
+            pool,
+            owner.index,
+            owner.count,
+            max(owner.num_workers, 1),
+            seed=self.seed,
+            epoch=self.epoch,
+            leg=len(self.legs),
+        )
+
     def units_for(self, owner: Owner) -> list[stream.Unit]:
         """What ``owner`` streams this epoch (whole parts, or the rest of begun ones), in order."""
+        if self.mix:
+            return [u for lane in self.lanes_for(owner) for u in lane]
         pool = self._units()
         return stream.owner_units(
             stream.whole_parts(self.index.part_rows) if pool is None else pool,
@@ -252,6 +274,8 @@ class PartIterableDataset(IterableDataset):
         Computed from the split, the seed and the Parquet footers (row group sizes); no data is
         read. With a state's ``rows[w]`` as ``stop`` it names exactly what owner ``w`` delivered.
         """
+        if self.mix:
+            return mixing.lane_positions(self.lanes_for(owner), self.index.part_offsets, 0, stop)
         plan = self._plan(owner, 0, OpenPart(self.index, []))
         return stream.stream_positions(plan, self.index.part_offsets, stop)
 
@@ -267,6 +291,7 @@ class PartIterableDataset(IterableDataset):
             shuffle=self.shuffle,
             seed=self.seed,
             epoch=self.epoch,
+            mix=self.mix,
         )
 
     # -- streaming ------------------------------------------------------------------------
@@ -333,31 +358,13 @@ class PartIterableDataset(IterableDataset):
 
     def _read(self, owner: Owner, start: int) -> Iterator[pa.Table]:
         """The owner's rows as tables, from row ``start`` of its stream on, as planned."""
-        files = OpenPart(self.index, coded_columns(self.index, self.columns))
+        coded = coded_columns(self.index, self.columns)
+        if self.mix:
+            yield from read_lanes(self.index, self.lanes_for(owner), start, coded, self.columns)
+            return
+        files = OpenPart(self.index, coded)
         for seg in self._plan(owner, start, files):
-            pf = files.open(seg.part)
-            if seg.group is None:  # the whole part in stored order
-                yield from self._stored(pf, seg.skip)
-            else:
-                table = pf.read_row_group(seg.group, columns=self.columns)
-                yield table.take(seg.order())
-
-    def _stored(self, pf: pq.ParquetFile, skip: int) -> Iterator[pa.Table]:
-        """A part's rows in stored order from its row ``skip`` on, a record batch at a time."""
-        groups = list(range(pf.num_row_groups))
-        first = 0
-        while skip and skip >= pf.metadata.row_group(first).num_rows:  # unread row groups
-            skip -= pf.metadata.row_group(first).num_rows
-            first += 1
-        for rb in pf.iter_batches(
-            batch_size=max(self.batch_size, 8192), row_groups=groups[first:], columns=self.columns
-        ):
-            if skip >= rb.num_rows:
-                skip -= rb.num_rows
-                continue
-            table = pa.Table.from_batches([rb])
-            yield table.slice(skip) if skip else table
-            skip = 0
+            yield from files.segment(seg, self.columns, self.batch_size)
 
     def _warn_idle(self, owner: Owner) -> None:
         key = (owner.index, owner.count)

@@ -57,6 +57,7 @@ def make_loader(
     num_workers: int = 2,
     columns: Sequence[str] | None = None,
     shuffle: bool = True,
+    mix: bool = False,
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
@@ -82,6 +83,8 @@ def make_loader(
     has this rank's workers share decoded parts (see :class:`MapDataset`). ``pin_memory`` pins
     every batch's tensors (for a CUDA device), once per message in the main process: torch's
     own ``pin_memory`` would see only the workers' wire form, numpy arrays it leaves unpinned.
+    ``mix`` (with ``shuffle``) draws ownership per epoch so every rank reads from every part and
+    an iterable batch from several row groups (see :mod:`pipeline.readers.mix`).
     """
     if transfer_batches is None:
         transfer_batches = 1 if num_workers == 0 or drop_last else _auto_transfer(batch_size)
@@ -103,7 +106,9 @@ def make_loader(
     if style == "map":
         # without worker processes there is no one to share with: no directory
         ds = MapDataset(index, columns, share_decoded=share_decoded and num_workers > 0)
-        sampler = OwnerSampler(index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
+        sampler = OwnerSampler(
+            index, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, mix=mix
+        )
         loader_kwargs.setdefault("persistent_workers", num_workers > 0)
         inner = DataLoader(
             _worker.WireMap(ds),
@@ -127,6 +132,7 @@ def make_loader(
             rank=rank,
             world_size=world_size,
             num_workers=num_workers,
+            mix=mix,
         )
         # workers copy the dataset when an epoch starts; persistent ones would miss set_epoch
         loader_kwargs.setdefault("persistent_workers", False)

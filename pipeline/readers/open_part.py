@@ -1,11 +1,18 @@
-"""The one part file an iterable stream is reading: opened when first needed, and checked."""
+"""Reading an iterable stream's plan: the part file it is in (opened when first needed, and
+checked), its segments, and the lanes of a mixed stream interleaved."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.bundle.errors import RowCountMismatch
+from pipeline.readers import mix
 from pipeline.readers.index import Index
+from pipeline.readers.stream import Segment, Unit
 
 
 class OpenPart:
@@ -34,3 +41,61 @@ class OpenPart:
         """Rows per row group of part ``p``, from its footer."""
         meta = self.open(p).metadata
         return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+
+    def segment(self, seg: Segment, columns: Sequence[str], batch_size: int) -> Iterator[pa.Table]:
+        """A segment's rows as tables, in its order: a whole part a record batch at a time, or
+        its row group decoded once and taken in the permuted order."""
+        pf = self.open(seg.part)
+        if seg.group is not None:
+            yield pf.read_row_group(seg.group, columns=columns).take(seg.order())
+            return
+        skip, first = seg.skip, 0
+        while skip and skip >= pf.metadata.row_group(first).num_rows:  # unread row groups
+            skip -= pf.metadata.row_group(first).num_rows
+            first += 1
+        groups = list(range(first, pf.num_row_groups))
+        for rb in pf.iter_batches(
+            batch_size=max(batch_size, 8192), row_groups=groups, columns=columns
+        ):
+            if skip >= rb.num_rows:
+                skip -= rb.num_rows
+                continue
+            table = pa.Table.from_batches([rb])
+            yield table.slice(skip) if skip else table
+            skip = 0
+
+
+def read_lanes(
+    index: Index,
+    lanes: Sequence[Sequence[Unit]],
+    start: int,
+    coded: list[str],
+    columns: Sequence[str],
+) -> Iterator[pa.Table]:
+    """A mixed owner's rows from row ``start`` of its stream on: its lanes, interleaved row by
+    row (:func:`pipeline.readers.mix.interleave`), one open part and row group per lane."""
+    firsts = mix.lane_starts([sum(u.rows for u in lane) for lane in lanes], start)
+    streams = [
+        _lane(index, lane, first, coded, columns) for lane, first in zip(lanes, firsts, strict=True)
+    ]
+    return mix.interleave(streams, firsts, _num_rows, _slice, _merge)
+
+
+def _lane(
+    index: Index, lane: Sequence[Unit], skip: int, coded: list[str], columns: Sequence[str]
+) -> Iterator[pa.Table]:
+    files = OpenPart(index, coded)
+    for seg in mix.lane_segments(lane, skip):
+        yield from files.segment(seg, columns, 0)
+
+
+def _num_rows(table: pa.Table) -> int:
+    return table.num_rows
+
+
+def _slice(table: pa.Table, a: int, b: int) -> pa.Table:
+    return table.slice(a, b - a)
+
+
+def _merge(tables: list[pa.Table], order: np.ndarray) -> pa.Table:
+    return pa.concat_tables(tables).take(order)

@@ -18,6 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.readers.mix import (
+    lane_positions,
+    lane_starts,
+    mixed_positions,
+    owner_lanes,
+    planned_parts,
+)
 from pipeline.readers.split import map_share, order_key
 from pipeline.readers.stream import (
     GroupRows,
@@ -85,7 +92,13 @@ def legs_from_state(data: object) -> tuple[Leg, ...]:
 
 
 def map_pool(
-    n_items: int, legs: Sequence[Leg], *, shuffle: bool, seed: int, epoch: int
+    n_items: int,
+    legs: Sequence[Leg],
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    mix: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(delivered, pool)``: positions the legs delivered, and those left, in pool order.
 
@@ -93,7 +106,7 @@ def map_pool(
     :func:`~pipeline.readers.split.map_share`; its rank ``r`` delivered the first
     ``rows[r]`` of its share. The pool's order is each rank's undelivered rest, rank by rank.
     """
-    pool = np.arange(n_items, dtype=np.int64)
+    pool = mixed_positions(n_items, seed, epoch) if mix else np.arange(n_items, dtype=np.int64)
     delivered: list[np.ndarray] = []
     for j, leg in enumerate(legs):
         if leg.workers != 1:
@@ -123,6 +136,7 @@ def iterable_pool(
     shuffle: bool,
     seed: int,
     epoch: int,
+    mix: bool = False,
 ) -> list[Unit]:
     """The units the legs left undelivered: what the next leg's owners split.
 
@@ -130,7 +144,7 @@ def iterable_pool(
     owner); the one it was reading becomes a tail holding the rest of its order. Row group
     sizes are asked only for whole parts an owner had begun with a shuffle.
     """
-    return _iterable_legs(part_rows, group_rows, legs, shuffle, seed, epoch, None)[1]
+    return _iterable_legs(part_rows, group_rows, legs, shuffle, seed, epoch, mix, None)[1]
 
 
 def iterable_delivered(
@@ -142,9 +156,10 @@ def iterable_delivered(
     shuffle: bool,
     seed: int,
     epoch: int,
+    mix: bool = False,
 ) -> np.ndarray:
     """Index positions the legs delivered, owner by owner (each a prefix of its stream)."""
-    return _iterable_legs(part_rows, group_rows, legs, shuffle, seed, epoch, part_offsets)[0]
+    return _iterable_legs(part_rows, group_rows, legs, shuffle, seed, epoch, mix, part_offsets)[0]
 
 
 def _iterable_legs(
@@ -154,8 +169,11 @@ def _iterable_legs(
     shuffle: bool,
     seed: int,
     epoch: int,
+    mix: bool,
     part_offsets: Sequence[int] | np.ndarray | None,
 ) -> tuple[np.ndarray, list[Unit]]:
+    if mix:
+        return _mixed_legs(part_rows, group_rows, legs, seed, epoch, part_offsets)
     units = whole_parts(part_rows)
     delivered: list[np.ndarray] = []
     for j, leg in enumerate(legs):
@@ -172,6 +190,33 @@ def _iterable_legs(
                 segments = unit_segments(mine, group_rows, key)
                 delivered.append(stream_positions(segments, part_offsets, k))
             rest.extend(_rest(mine, group_rows, key, k))
+        units = rest
+    return _concat(delivered), units
+
+
+def _mixed_legs(
+    part_rows: Sequence[int],
+    group_rows: GroupRows,
+    legs: Sequence[Leg],
+    seed: int,
+    epoch: int,
+    part_offsets: Sequence[int] | np.ndarray | None,
+) -> tuple[np.ndarray, list[Unit]]:
+    """:func:`_iterable_legs` for a mixed epoch: pieces of parts, each owner's in lanes."""
+    units = planned_parts(part_rows, group_rows, seed, epoch)
+    delivered: list[np.ndarray] = []
+    for j, leg in enumerate(legs):
+        rest: list[Unit] = []
+        for o in range(leg.owners):
+            lanes = owner_lanes(units, o, leg.owners, leg.workers, seed=seed, epoch=epoch, leg=j)
+            k, total = leg.rows[o], sum(u.rows for lane in lanes for u in lane)
+            if k > total:
+                raise ValueError(f"leg {j}: owner {o} delivered {k} rows of a stream of {total}")
+            if part_offsets is not None and k:
+                delivered.append(lane_positions(lanes, part_offsets, 0, k))
+            lane_rows = [sum(u.rows for u in lane) for lane in lanes]
+            for lane, skip in zip(lanes, lane_starts(lane_rows, k), strict=True):
+                rest.extend(_rest(lane, group_rows, None, skip))
         units = rest
     return _concat(delivered), units
 

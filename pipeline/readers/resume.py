@@ -20,6 +20,9 @@ from pipeline.readers.sampler import is_count
 STATE_VERSION = 2
 _READS = (1, 2)
 
+#: What a state from before a key existed meant by its absence.
+_BEFORE = {"mix": False}
+
 #: Keys that place a one-rank state in its leg; a merged state has none of them.
 SHAPE_KEYS = ("rank", "world_size", "num_workers")
 
@@ -42,6 +45,7 @@ def check_version(state: object) -> Mapping[str, Any]:
 
 def differences(state: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
     """``key: saved X, this loader Y`` for each key of ``expected`` the state does not match."""
+    state = {**_BEFORE, **state}
     return [
         f"{k}: saved {state.get(k)!r}, this loader {v!r}"
         for k, v in expected.items()
@@ -67,13 +71,13 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not states:
         raise ValueError("merge_states needs the state of every rank, got none")
     states = [check_version(s) for s in states]
-    first = states[0]
+    first = {**_BEFORE, **states[0]}
     if is_merged(first):
         raise ResumeMismatch("merge_states takes one state per rank, not merged states")
     world = first.get("world_size")
     common = {
         k: first.get(k)
-        for k in ("style", "shuffle", "seed", "items", "snapshot", "epoch", "world_size")
+        for k in ("style", "shuffle", "mix", "seed", "items", "snapshot", "epoch", "world_size")
     }
     common["num_workers"] = first.get("num_workers")
     common["legs"] = first.get("legs", [])

@@ -70,10 +70,14 @@ class OwnerSampler(Sampler[int]):
         world_size: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
+        mix: bool = False,
     ) -> None:
+        if mix and not shuffle:
+            raise ValueError("mix=True is a shuffle: it needs shuffle=True")
         self.n_items = index_or_len if isinstance(index_or_len, int) else len(index_or_len)
         self.rank, self.world_size = process_rank(rank, world_size)
         self.shuffle = shuffle
+        self.mix = mix
         self.seed = seed
         self.epoch = 0
         self._next_yielded: int | None = None  # where the next __iter__ starts (resume)
@@ -88,6 +92,7 @@ class OwnerSampler(Sampler[int]):
                 **_identity(index_or_len),
                 "world_size": self.world_size,
                 "shuffle": shuffle,
+                "mix": mix,
                 "seed": seed,
             },
             self.rank,
@@ -110,14 +115,19 @@ class OwnerSampler(Sampler[int]):
         key = (self.epoch, self.legs)
         if self._pool is None or self._pool[0] != key:
             done, pool = map_pool(
-                self.n_items, self.legs, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch
+                self.n_items,
+                self.legs,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=self.epoch,
+                mix=self.mix,
             )
             self._pool = (key, done, pool)
         return self._pool[1], self._pool[2]
 
     def positions(self) -> np.ndarray:
         """This epoch's positions as an array (what ``__iter__`` yields)."""
-        if self.legs:
+        if self.legs or self.mix:
             return split.map_share(
                 self._legs_pool()[1],
                 self.rank,
@@ -181,6 +191,6 @@ class OwnerSampler(Sampler[int]):
         self._next_yielded = yielded
 
     def __len__(self) -> int:
-        n = len(self._legs_pool()[1]) if self.legs else self.n_items
+        n = len(self._legs_pool()[1]) if self.legs else self.n_items  # mixing keeps every item
         start, stop = split.share_bounds(n, self.rank, self.world_size)
         return stop - start

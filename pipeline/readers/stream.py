@@ -47,7 +47,8 @@ class Segment:
     one reads row group ``group``, its rows permuted by ``key`` (the planning owner's
     :func:`~pipeline.readers.split.order_key`). ``first`` is the part's row where the stretch
     begins, ``rows`` how many rows it holds and ``skip`` how many of them, in stream order, were
-    delivered before the stream (re)started.
+    delivered before the stream (re)started. ``stop`` (None: ``rows``) ends the stretch early in
+    stream order: a mixed epoch gives the rest of the row group to other owners.
     """
 
     part: int
@@ -56,13 +57,24 @@ class Segment:
     rows: int
     skip: int = 0
     key: tuple[int, ...] | None = None
+    stop: int | None = None
+
+    @property
+    def end(self) -> int:
+        """Where the stretch ends in stream order (``stop``, else every row)."""
+        return self.rows if self.stop is None else self.stop
+
+    @property
+    def left(self) -> int:
+        """Rows the stretch yields."""
+        return self.end - self.skip
 
     def order(self) -> np.ndarray:
         """The part rows this stretch yields, relative to ``first``, in stream order."""
         if self.key is None or self.group is None:
-            return np.arange(self.skip, self.rows, dtype=np.int64)
+            return np.arange(self.skip, self.end, dtype=np.int64)
         order = row_order(self.rows, key=self.key, part=self.part, group=self.group)
-        return order[self.skip :] if self.skip else order
+        return order[self.skip : self.end] if self.skip or self.stop is not None else order
 
 
 @dataclass(frozen=True)
@@ -176,7 +188,7 @@ def _planned(
 
 def _skipped(segments: Iterable[Segment], skip: int) -> Iterator[Segment]:
     for seg in segments:
-        left = seg.rows - seg.skip
+        left = seg.left
         if skip and skip >= left:
             skip -= left
             continue
@@ -191,15 +203,22 @@ def stream_positions(
 
     Stops drawing segments once ``stop`` rows are named, so a lazy plan reads no further.
     """
+    return first_rows(
+        (int(part_offsets[seg.part]) + seg.first + seg.order() for seg in segments), stop
+    )
+
+
+def first_rows(chunks: Iterable[np.ndarray], stop: int | None) -> np.ndarray:
+    """The first ``stop`` (None: all) entries of ``chunks`` as one ``int64`` array, drawing no
+    chunk past them."""
     out: list[np.ndarray] = []
     left = stop
     if left is None or left > 0:
-        for seg in segments:
-            pos = int(part_offsets[seg.part]) + seg.first + seg.order()
+        for chunk in chunks:
             if left is not None:
-                pos = pos[:left]
-                left -= len(pos)
-            out.append(pos)
+                chunk = chunk[:left]
+                left -= len(chunk)
+            out.append(chunk)
             if left is not None and left <= 0:
                 break
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    return np.concatenate(out).astype(np.int64, copy=False) if out else np.zeros(0, np.int64)

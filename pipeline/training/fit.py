@@ -63,6 +63,10 @@ class ReferenceConfig(BaseModel):
     hidden: int = Field(default=128, ge=1)
     seed: int = 0
     reader: Literal["map", "iterable"] = "map"
+    mix: bool = Field(
+        default=False,
+        description="mix parts across ranks and within batches each epoch (docs/readers.md)",
+    )
     accepted_only: bool = Field(default=True, description="train on accepted rows only")
     weight_by_confidence: bool = Field(default=True, description="weight rows by confidence")
     holdout_percent: int = Field(default=20, ge=0, lt=100)
@@ -73,7 +77,7 @@ class ReferenceConfig(BaseModel):
 
 #: Config fields added after checkpoints were first written, left out of a checkpoint while at
 #: their default: a fit trained as before then writes the same bytes (and digest) as before.
-_LATER_FIELDS = {"amp": False}
+_LATER_FIELDS = {"amp": False, "mix": False}
 
 
 def checkpoint_config(config: ReferenceConfig) -> dict:
@@ -182,7 +186,11 @@ def fit_reference(ctx: FitContext) -> FitResult:
     has_status = index.is_result
     torch.manual_seed(config.seed)
     loader = ctx.loader(
-        style=config.reader, batch_size=config.batch_size, shuffle=True, seed=config.seed
+        style=config.reader,
+        batch_size=config.batch_size,
+        shuffle=True,
+        mix=config.mix,
+        seed=config.seed,
     )
     resumed = ctx.progress.load()
     if resumed is None:

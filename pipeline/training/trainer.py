@@ -223,6 +223,7 @@ class _Context:
         style: Literal["map", "iterable"] = "map",
         batch_size: int = 256,
         shuffle: bool = True,
+        mix: bool = False,
         seed: int = 0,
         columns: list[str] | None = None,
         num_workers: int | None = None,
@@ -231,6 +232,8 @@ class _Context:
 
         ``num_workers`` defaults to the pipeline's setting (``LITHI_NUM_WORKERS``). Batches are
         pinned when :attr:`device` is a GPU, so :meth:`to_device` copies them asynchronously.
+        ``mix`` (with ``shuffle``) gives every rank a share of every part each epoch and mixes
+        parts within batches (:mod:`pipeline.readers.mix`).
         Every item of the index reaches exactly one rank; a full pass over every rank's loader
         covers the manifest's items exactly once, which is what the pipeline checks afterwards.
         """
@@ -241,6 +244,7 @@ class _Context:
             num_workers=self.num_workers if num_workers is None else num_workers,
             columns=columns,
             shuffle=shuffle,
+            mix=mix,
             seed=seed,
             rank=self.rank,
             world_size=self.world_size,

@@ -139,14 +139,22 @@ def _tagged(dataset: PartIterableDataset, owner: Owner):
 
 
 def shape_loader(
-    index: Index, style: str, rank: int, world: int, workers: int, *, real: bool = False
+    index: Index,
+    style: str,
+    rank: int,
+    world: int,
+    workers: int,
+    *,
+    real: bool = False,
+    mix: bool = False,
 ) -> ReaderLoader:
     """Rank ``rank`` of ``world``'s loader of 16-row batches: with ``real``, ``workers`` worker
     processes; else its workers run in this process (none for map-style, whose workers only
     fetch what the rank's sampler hands out)."""
     if real or style == "map" or workers == 0:
         n = workers if real else 0
-        return resume_loader(index, style=style, num_workers=n, rank=rank, world_size=world)
+        kw = dict(style=style, num_workers=n, rank=rank, world_size=world, mix=mix)
+        return resume_loader(index, **kw)
     ds = PartIterableDataset(
         index,
         batch_size=16,
@@ -155,6 +163,7 @@ def shape_loader(
         rank=rank,
         world_size=world,
         num_workers=workers,
+        mix=mix,
     )
     return ReaderLoader(WorkersInProcess(ds, workers), 16, IterableProgress(ds))
 
@@ -167,6 +176,7 @@ def cut_and_reshape(
     k: str,
     *,
     real: bool = False,
+    mix: bool = False,
 ):
     """Every rank of shape ``before`` stops at batch ``k``; shape ``after`` reads the rest.
 
@@ -176,7 +186,7 @@ def cut_and_reshape(
     head: list[str] = []
     states = []
     for rank in range(world):
-        loader = shape_loader(index, style, rank, world, workers, real=real)
+        loader = shape_loader(index, style, rank, world, workers, real=real, mix=mix)
         set_epoch(loader, EPOCH)
         n = where(k, len(loader))
         it = iter(loader)
@@ -187,7 +197,7 @@ def cut_and_reshape(
     tail: list[str] = []
     counted: list[str] = []
     for rank in range(world):
-        loader = shape_loader(index, style, rank, world, workers, real=real)
+        loader = shape_loader(index, style, rank, world, workers, real=real, mix=mix)
         loader.load_state_dict(merged)
         set_epoch(loader, EPOCH)
         counted += index.ids.take(loader.delivered_positions()).to_pylist()

@@ -137,8 +137,11 @@ def test_resume_on_other_rank_counts(resume_index_, style, world, workers, k):
     [((2, 3), (3, 2)), ((1, 2), (3, 1)), ((3, 1), (1, 3)), ((2, 2), (2, 3))],
     ids=lambda s: f"{s[0]}x{s[1]}",
 )
+@pytest.mark.parametrize("mix", [False, True], ids=["plain", "mix"])
 @pytest.mark.parametrize("style", ["map", "iterable"])
-def test_resume_at_another_shape_with_worker_processes(resume_index_, style, before, after):
-    head, tail, _ = cut_and_reshape(resume_index_, style, before, after, "middle", real=True)
+def test_resume_at_another_shape_with_worker_processes(resume_index_, style, before, after, mix):
+    head, tail, _ = cut_and_reshape(
+        resume_index_, style, before, after, "middle", real=True, mix=mix
+    )
     assert len(head) + len(tail) == len(resume_index_)
     assert sorted(head + tail) == resume_index_.ids.to_pylist()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.readers import split, stream
+from pipeline.readers import mix, split, stream
 from pipeline.readers.reshard import (
     Leg,
     iterable_delivered,
@@ -28,8 +28,8 @@ layouts = st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=4), min_siz
 orders = dict(seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 50), shuffle=st.booleans())
 
 
-def _map_shares(n, legs, world, *, shuffle, seed, epoch):
-    _, pool = map_pool(n, legs, shuffle=shuffle, seed=seed, epoch=epoch)
+def _map_shares(n, legs, world, *, shuffle, seed, epoch, mix=False):
+    _, pool = map_pool(n, legs, shuffle=shuffle, seed=seed, epoch=epoch, mix=mix)
     leg = len(legs)
     return [
         split.map_share(pool, r, world, shuffle=shuffle, seed=seed, epoch=epoch, leg=leg)
@@ -37,21 +37,22 @@ def _map_shares(n, legs, world, *, shuffle, seed, epoch):
     ]
 
 
-@given(n=st.integers(0, 400), chain=chains, cut=cuts, **orders)
+@given(n=st.integers(0, 400), chain=chains, cut=cuts, mix=st.booleans(), **orders)
 def test_a_map_epoch_resumed_at_any_shapes_is_read_exactly_once(
-    n, chain, cut, seed, epoch, shuffle
+    n, chain, cut, mix, seed, epoch, shuffle
 ):
+    order = dict(shuffle=shuffle or mix, seed=seed, epoch=epoch, mix=mix)
     legs: list[Leg] = []
     delivered: list[np.ndarray] = []
     frac = iter(cut)
     for world, _workers in chain[:-1]:  # workers fetch what the rank's sampler hands out
-        shares = _map_shares(n, legs, world, shuffle=shuffle, seed=seed, epoch=epoch)
+        shares = _map_shares(n, legs, world, **order)
         rows = tuple(int(next(frac) * len(s)) for s in shares)
         delivered += [s[:k] for s, k in zip(shares, rows, strict=True)]
         legs.append(Leg(world, 1, rows))
-    before, _ = map_pool(n, legs, shuffle=shuffle, seed=seed, epoch=epoch)
+    before, _ = map_pool(n, legs, **order)
     assert sorted(before.tolist()) == sorted(np.concatenate([[], *delivered]).tolist())
-    last = _map_shares(n, legs, chain[-1][0], shuffle=shuffle, seed=seed, epoch=epoch)
+    last = _map_shares(n, legs, chain[-1][0], **order)
     every = np.concatenate([before, *last])
     assert sorted(every.tolist()) == list(range(n))  # none twice, none lost, no padding
     sizes = [len(s) for s in last]
@@ -112,6 +113,50 @@ def test_an_iterable_epoch_resumed_at_any_shapes_is_read_exactly_once(
         for p in set((np.searchsorted(offsets, s, side="right") - 1).tolist()):
             assert owner_of.setdefault(p, o) == o
     assert len({u.part for u in units}) == len(units)  # one unit per part: its one owner's rest
+
+
+def _mixed_streams(units, leg, world, workers, offsets, *, seed, epoch):
+    w = max(workers, 1)
+    lanes = [
+        mix.owner_lanes(units, o, world * w, w, seed=seed, epoch=epoch, leg=leg)
+        for o in range(world * w)
+    ]
+    return [mix.lane_positions(lane, offsets) for lane in lanes]
+
+
+@given(groups=layouts, chain=chains, cut=cuts, seed=orders["seed"], epoch=orders["epoch"])
+def test_a_mixed_iterable_epoch_resumed_at_any_shapes_is_read_exactly_once(
+    groups, chain, cut, seed, epoch
+):
+    rows = [sum(g) for g in groups]
+    offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    order = dict(shuffle=True, seed=seed, epoch=epoch, mix=True)
+    legs: list[Leg] = []
+    delivered: list[np.ndarray] = []
+    frac = iter(cut)
+    for j, (world, workers) in enumerate(chain):
+        units = iterable_pool(rows, groups.__getitem__, legs, **order)
+        streams = _mixed_streams(units, j, world, workers, offsets, seed=seed, epoch=epoch)
+        if j == 0:  # a first leg gives every rank a share of every part
+            for p, n in enumerate(rows):
+                per_rank = [
+                    sum(
+                        int(np.sum((s >= offsets[p]) & (s < offsets[p + 1])))
+                        for s in streams[r * max(workers, 1) : (r + 1) * max(workers, 1)]
+                    )
+                    for r in range(world)
+                ]
+                assert max(per_rank) - min(per_rank) <= 1 and sum(per_rank) == n
+        if j == len(chain) - 1:
+            delivered += streams  # the last shape reads to the end
+            break
+        counts = tuple(int(next(frac) * len(s)) for s in streams)
+        delivered += [s[:k] for s, k in zip(streams, counts, strict=True)]
+        legs.append(Leg(world, max(workers, 1), counts))
+        before = iterable_delivered(rows, groups.__getitem__, legs, offsets, **order)
+        assert sorted(before.tolist()) == sorted(np.concatenate([[], *delivered]).tolist())
+    every = np.concatenate([[], *delivered]).astype(np.int64)
+    assert sorted(every.tolist()) == list(range(sum(rows)))  # none twice, none lost
 
 
 def test_a_leg_is_small_plain_data_and_refuses_nonsense():

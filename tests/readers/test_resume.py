@@ -232,8 +232,8 @@ def test_a_state_in_the_version_1_layout_loads_and_resumes(index, style):
     full = [x for b in whole for x in b["item_id"]]
     loader = _loader(index, **kw)
     loader.load_state_dict(json.loads(json.dumps(saved)))
-    # read back unchanged, in today's layout: version 2, no earlier legs
-    assert loader.state_dict() == {**saved, "version": 2, "legs": []}
+    # read back unchanged, in today's layout: version 2, no mixing, no earlier legs
+    assert loader.state_dict() == {**saved, "version": 2, "mix": False, "legs": []}
     assert index.ids.take(loader.delivered_positions()).to_pylist() == full[:40]
     set_epoch(loader, EPOCH)
     assert [x for b in loader for x in b["item_id"]] == full[40:]

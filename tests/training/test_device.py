@@ -206,9 +206,10 @@ def test_a_checkpoint_is_saved_from_cpu_copies_with_todays_bytes(tmp_path):
 
 def test_the_checkpoint_config_leaves_later_fields_out_at_their_default():
     default = checkpoint_config(ReferenceConfig())
-    assert "amp" not in default
-    assert set(default) == set(ReferenceConfig.model_fields) - {"amp"}
+    assert "amp" not in default and "mix" not in default
+    assert set(default) == set(ReferenceConfig.model_fields) - {"amp", "mix"}
     assert checkpoint_config(ReferenceConfig(amp=True))["amp"] is True
+    assert checkpoint_config(ReferenceConfig(mix=True))["mix"] is True
 
 
 def _result_index(tmp_path) -> Index:

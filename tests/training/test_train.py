@@ -120,6 +120,16 @@ def test_classification_with_string_labels_and_nulls_in_every_feature_type(class
     assert set(table.column("checkpoint_sha256").to_pylist()) == {files.sha256}
 
 
+@pytest.mark.parametrize("reader", ["map", "iterable"])
+def test_the_mixing_shuffle_trains_and_reconciles_each_pass_exactly_once(classes, tmp_path, reader):
+    config = {"label": "lithi_label", "features": FEATURES, "epochs": 4, "mix": True}
+    result, report, passes, _, _ = train(classes, tmp_path / "ckpt", {**config, "reader": reader})
+    assert report.ok and report.items_iterated == len(classes) and passes == 4 + 2
+    assert report.duplicates == 0 and report.missing == 0
+    assert result.metrics["holdout_accuracy"] > 0.9, result.metrics
+    assert torch.load(tmp_path / "ckpt" / "model.pt")["config"]["mix"] is True
+
+
 def test_regression_reports_rmse_and_mae_in_the_labels_units(values, tmp_path):
     config = {"task": "regression", "label": "target", "features": ["x"], "epochs": 8}
     result, report, _, _, table = train(values, tmp_path / "ckpt", config)
