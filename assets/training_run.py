@@ -32,6 +32,7 @@ from pipeline.training.record import (
 )
 from pipeline.training.runner import OUTCOME, TrainSummary, progress_key, train_once
 from pipeline.training.trainer import REFERENCE_TRAINER, Trainer, load_trainer, trainer_info
+from resources.bundle_store import BundleStore
 from resources.dagster.artifacts import ArtifactStore
 from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource
@@ -95,7 +96,7 @@ def _train_torchrun(
     pipes: dg.PipesSubprocessClient,
     trainer_path: str,
     index: Index,
-    cache_dir: Path,
+    store: BundleStore,
     config: dict,
     settings: ChainSettings,
     progress_dir: Path,
@@ -110,7 +111,8 @@ def _train_torchrun(
         "--nproc-per-node", str(settings.world_size),
         "--max-restarts", str(settings.torchrun_max_restarts),
         "-m", "pipeline.defs.train_launch",
-        "--bundle", str(index.snapshot.root), "--cache-dir", str(cache_dir),
+        "--bundle", str(index.snapshot.root), "--cache-dir", str(store.cache_dir),
+        *(["--rehash"] if store.rehash else []),
         "--index-sha256", index.digest, "--trainer", trainer_path,
         "--config", json.dumps(config), "--num-workers", str(settings.num_workers),
         "--device", settings.device,
@@ -168,13 +170,12 @@ def training_run_asset(
                 trainer, index, params_data, out, chain_settings, progress_dir, context.log.info
             )
         else:
-            cache = bundle_store.store().cache_dir
             summary, reported = _train_torchrun(
                 context,
                 pipes_subprocess_client,
                 path,
                 index,
-                cache,
+                bundle_store.store(),
                 params_data,
                 chain_settings,
                 progress_dir,

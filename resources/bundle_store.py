@@ -150,6 +150,7 @@ class BundleStore:
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         remote_workers: int | None = None,
+        rehash: bool = False,
     ):
         remote_workers = remote_workers or default_remote_workers()
         if chunk_bytes < 1 or remote_workers < 1:
@@ -158,6 +159,8 @@ class BundleStore:
         self.credentials = credentials
         self.chunk_bytes = chunk_bytes
         self.remote_workers = remote_workers
+        #: Trust no ledger: every object is hashed again before it is reused or vouched for.
+        self.rehash = rehash
         self._clients: dict[tuple, fsspec.AbstractFileSystem] = {}
         self._clients_lock = threading.Lock()
         self.objects_dir = self.cache_dir / "objects"
@@ -330,6 +333,8 @@ class BundleStore:
 
     def _ledger_matches(self, sha256: str) -> bool:
         """Whether the object is still the file that was hashed when it entered the cache."""
+        if self.rehash:
+            return False
         try:
             recorded = Fingerprint.from_dict(json.loads(self._ledger_path(sha256).read_text()))
         except (FileNotFoundError, ValueError):
@@ -367,6 +372,24 @@ class BundleStore:
     def _record(self, sha256: str, obj: Path) -> None:
         fp = Fingerprint.of(obj).as_dict()
         atomic_write_text(self._ledger_path(sha256), json.dumps(fp) + "\n")
+
+    def _relinked(self, manifest: Manifest) -> None:
+        """Record again the objects this cache just linked or unlinked (a view made or removed).
+
+        A link count change moves an object's ctime, which the ledger keeps to notice edits; an
+        object whose fingerprint differs from its ledger in the ctime alone is the one the ledger
+        vouched for, and is recorded again. Any other difference stays untrusted.
+        """
+        for entry in manifest.bound_files:
+            obj = self.object_path(entry.sha256)
+            try:
+                recorded = Fingerprint.from_dict(
+                    json.loads(self._ledger_path(entry.sha256).read_text())
+                )
+                if recorded.differs_only_in_ctime(Fingerprint.of(obj)):
+                    self._record(entry.sha256, obj)
+            except (OSError, ValueError):
+                continue  # no ledger, or no object: nothing to carry over
 
     def _download(
         self, fs: fsspec.AbstractFileSystem, remote: str, entry: FileEntry, url: str
@@ -480,6 +503,7 @@ class BundleStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self._relinked(manifest)
         return view
 
     def _view_is_current(self, view: Path, manifest: Manifest) -> bool:
@@ -516,7 +540,8 @@ class BundleStore:
 
         True only when ``path`` is the same inode as ``objects/<entry.sha256>``, that object is
         read-only and the right size, and the ledger written when it was hashed on arrival still
-        describes it (size, mtime_ns, inode). A copy, a rewritten or a writable file is hashed.
+        describes it (device, inode, size, mtime and ctime). A copy, a rewritten or a writable file,
+        or any file when the store was made with ``rehash``, is hashed.
         """
         try:
             st = os.stat(path)
@@ -560,7 +585,8 @@ class BundleStore:
         raw = (root / fmt.MANIFEST_NAME).read_bytes()
         with self._version_lock(manifest.snapshot.version_id):
             view = self._adopt_staged(root, manifest, raw)
-        shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)  # may unlink links to objects: see _relinked
+            self._relinked(manifest)
         return self.verify(view)
 
     def _adopt_staged(self, root: Path, manifest: Manifest, raw: bytes) -> Path:

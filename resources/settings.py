@@ -68,6 +68,7 @@ class LithiEnv(BaseSettings):
     compute_root: Path | None = None
     compute_executor: Literal["subprocess", "inline"] = "subprocess"
     cache_dir: Path | None = None
+    rehash: bool = False
     artifacts_dir: Path | None = None
     credential_refs: str = ""
     credential_ref: str = ""

@@ -87,6 +87,23 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     os.rename(src, dst)
 
 
+#: The longest file name most filesystems take, in bytes (ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
+
+
+def hidden_sibling(path: str | os.PathLike[str], tag: str) -> Path:
+    """A fresh hidden name beside ``path``, ``.<name>.<tag>-<12 hex>``, for work in progress.
+
+    ``<name>`` is cut (on a UTF-8 boundary) so the whole stays within :data:`NAME_MAX` bytes:
+    any name the filesystem takes for ``path`` has a work-in-progress sibling too.
+    """
+    path = Path(path)
+    suffix = f".{tag}-{secrets.token_hex(6)}"
+    room = NAME_MAX - 1 - len(suffix.encode())
+    name = path.name.encode()[:room].decode("utf-8", "ignore")
+    return path.with_name(f".{name}{suffix}")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling of ``path`` to write; on success fsync it and rename it to
@@ -95,7 +112,7 @@ def atomic_path(path: str | os.PathLike[str], *, replace: bool = True) -> Iterat
     With ``replace=False`` the rename fails with ``FileExistsError`` if ``path`` already exists.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp = hidden_sibling(path, "tmp")
     try:
         yield tmp
         fsync_file(tmp)

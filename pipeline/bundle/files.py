@@ -224,6 +224,14 @@ def stat_bound(root: Path, manifest: Manifest) -> tuple[list[FileEntry], list[Bu
     return present, errors
 
 
+def unsafe_paths(root: Path, manifest: Manifest) -> list[BundleError]:
+    """What :func:`~pipeline.bundle.verify.verify` refuses by path and file type alone (a
+    symlink, a FIFO, a symlinked ``parts/``): no file is opened or hashed, so a command that only
+    shows a bundle (``inspect``) applies the same rules first."""
+    errors = unbound_files(root, manifest) + stat_bound(root, manifest)[1]
+    return [e for e in errors if isinstance(e, UnsafePath)]
+
+
 @dataclass(frozen=True)
 class Hashed:
     """What :func:`hash_bound` found: the cost, the files whose bytes match, the violations."""

@@ -155,9 +155,12 @@ class Manifest(_Model):
     @field_validator("manifest_version", mode="before")
     @classmethod
     def _an_integer(cls, v: object) -> object:
-        # ``Literal[1]`` alone accepts ``true`` (True == 1 in Python), even in strict mode.
+        # ``Literal[1]`` alone accepts ``true`` and ``1.0`` (both == 1 in Python), even in
+        # strict mode; every other count is an integer in the JSON too.
         if isinstance(v, bool):
             raise ValueError("manifest_version must be the integer 1, not a boolean")
+        if isinstance(v, float):
+            raise ValueError(f"manifest_version must be the integer 1, not the number {v!r}")
         return v
 
     @field_validator("created_at", mode="before")

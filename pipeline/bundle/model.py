@@ -7,11 +7,13 @@ between them; import every name from :mod:`pipeline.bundle.manifest`, which re-e
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -25,8 +27,26 @@ from pydantic_core import PydanticCustomError
 from pipeline.bundle import format as fmt
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-#: Names, ids and references: non-empty and bounded (a manifest is read before anything is trusted).
-NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(v: str) -> str:
+    """Refuse C0 control characters and DEL, as in ids: they hide in logs and break paths."""
+    found = _CONTROL.search(v)
+    if found:
+        raise PydanticCustomError(
+            "control_character",
+            "holds a control character (U+{code}) at position {at}",
+            {"code": f"{ord(found.group()):04X}", "at": found.start()},
+        )
+    return v
+
+
+#: Names, ids and references: non-empty, bounded (a manifest is read before anything is
+#: trusted) and free of control characters.
+NonEmpty = Annotated[
+    str, StringConstraints(min_length=1, max_length=1024), AfterValidator(_no_control)
+]
 #: See :func:`pipeline.bundle.format.check_version_id`: one path segment, the rule the cache uses.
 VersionId = Annotated[str, StringConstraints(pattern=fmt.VERSION_ID_PATTERN)]
 #: Counts, sizes and attempts are Parquet/Arrow int64 values.

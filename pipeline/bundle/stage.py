@@ -22,12 +22,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import (
     READ_ONLY,
     atomic_write_text,
     fsync_dir,
+    hidden_sibling,
     make_parents,
     remove_created,
     rename_noreplace,
@@ -41,6 +43,7 @@ from pipeline.bundle.errors import (
     IdentifierError,
     SchemaMismatch,
     one_line,
+    problem,
 )
 from pipeline.bundle.fingerprint import Fingerprint, trust_recorded
 from pipeline.bundle.manifest import (
@@ -137,7 +140,7 @@ def stage(
     target = declared.to_arrow()
 
     created = make_parents(dest.parent)
-    tmp = dest.parent / f".{dest.name}.staging-{secrets.token_hex(6)}"
+    tmp = hidden_sibling(dest, "staging")
     # Files this call wrote and hashed: verified below without hashing them a second time.
     hashed: dict[str, Fingerprint] = {}
     try:
@@ -216,7 +219,15 @@ def _declare(schema: pa.Schema) -> Schema:
     try:
         return Schema.from_arrow(schema)
     except ValidationError as e:
-        raise SchemaMismatch(one_line(e, locations=False)) from None
+
+        def each(err: ErrorDetails) -> str:  # a column's own field, or the schema as a whole
+            return (
+                f"column {err['input']!r}: {problem(err)}"
+                if err["loc"] == ("name",)
+                else problem(err)
+            )
+
+        raise SchemaMismatch(one_line(e, each=each)) from None
 
 
 def _add_statuses(col: pa.Array | pa.ChunkedArray, counts: dict[str, int]) -> None:

@@ -1,5 +1,6 @@
 """``lithi-bundle inspect PATH|URL [--json]``: identity, counts, schema and files, from the
-manifest alone (nothing is hashed; ``verify`` checks the files). For a URL (``s3://...``) only the
+manifest alone (nothing is hashed; ``verify`` checks the files), once the bundle passes
+``verify``'s path and file-type rules (no symlink, no FIFO). For a URL (``s3://...``) only the
 manifest is read, remotely (:mod:`pipeline.cli.remote`)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from pipeline.bundle.files import unsafe_paths
 from pipeline.bundle.verify import read_manifest
 from pipeline.cli import remote
 from pipeline.cli.output import EXIT_OK, UsageError, say, table
@@ -35,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.lexists(root):
             raise UsageError(f"{root}: no such directory")
         m = read_manifest(root)  # BundleError -> exit 1
+        unsafe = unsafe_paths(root, m)
+        if unsafe:  # what verify refuses is never shown as a bundle
+            raise unsafe[0]
     if args.json:  # ASCII JSON: safe on any terminal, parsed back to the same manifest
         print(json.dumps(m.model_dump(mode="json", by_alias=True), indent=2))
         return EXIT_OK

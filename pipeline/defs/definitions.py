@@ -26,7 +26,9 @@ from resources.settings import LithiEnv, SettingsError
 def resources_from(env: LithiEnv) -> dict[str, object]:
     """The resources ``env`` describes, keyed as the assets, jobs and sensor ask for them."""
     refs = env.credential_ref_map
-    store = BundleStoreResource(cache_dir=str(env.cache_path), credential_refs=refs)
+    store = BundleStoreResource(
+        cache_dir=str(env.cache_path), credential_refs=refs, rehash=env.rehash
+    )
     artifacts = ArtifactStore(root=str(env.artifacts_path))
     compute: ComputeResource
     if env.bundle_url:

@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipeline.defs.train_launch")
     p.add_argument("--bundle", required=True, help="bundle view in the cache")
     p.add_argument("--cache-dir", required=True, help="the bundle cache that vouches for it")
+    p.add_argument(
+        "--rehash", action="store_true", help="trust no cache ledger: hash every file again"
+    )
     p.add_argument("--index-sha256", required=True, help="digest the rebuilt index must have")
     p.add_argument("--trainer", required=True, help="import path of the Trainer (pkg.mod:Name)")
     p.add_argument("--config", required=True, help="the trainer's config as a JSON object")
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
 
-        snapshot = BundleStore(args.cache_dir).verify(args.bundle)
+        snapshot = BundleStore(args.cache_dir, rehash=args.rehash).verify(args.bundle)
         index = Index.from_snapshot(snapshot)
         if index.digest != args.index_sha256:
             raise IndexMismatch(

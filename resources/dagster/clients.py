@@ -75,10 +75,16 @@ class BundleStoreResource(dg.ConfigurableResource):
         default_factory=dict,
         description="credential_ref -> NAME of the environment variable holding its secret.",
     )
+    rehash: bool = Field(
+        default=False,
+        description="Trust no cache ledger: hash every cached file again before using it.",
+    )
 
     def store(self) -> BundleStore:
         """The bundle store over the configured cache, with the registered credential refs."""
-        return BundleStore(Path(self.cache_dir), CredentialRegistry(self.credential_refs))
+        return BundleStore(
+            Path(self.cache_dir), CredentialRegistry(self.credential_refs), rehash=self.rehash
+        )
 
 
 class BundleSourceResource(ComputeResource):

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.bundle import format as fmt
+from pipeline.bundle.errors import SchemaMismatch
 from pipeline.bundle.manifest import Schema
 from pipeline.bundle.stage import stage
 from pipeline.bundle.verify import verify
@@ -113,6 +114,53 @@ def test_inspect_invalid_manifest_exits_1(bundle, capsys):
     (bundle / fmt.MANIFEST_NAME).write_text("nope")
     assert main(["inspect", str(bundle)]) == 1
     assert "ManifestInvalid" in capsys.readouterr().err
+
+
+def _replace(path, how, tmp_path):
+    """Put something unsafe where ``path`` was: a symlink (absolute or relative) or a FIFO."""
+    if path.is_dir():
+        target = tmp_path / "elsewhere"
+        path.rename(target)
+    else:
+        target = tmp_path / f"copy-of-{path.name}"
+        target.write_bytes(path.read_bytes())
+        path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "absolute":
+        os.symlink(target, path)
+    elif how == "relative":
+        os.symlink(os.path.relpath(target, path.parent), path)
+    else:
+        os.symlink(how, path)  # a file outside any bundle
+
+
+UNSAFE = {
+    "part to /etc/passwd": ("parts/part-00000.parquet", "/etc/passwd"),
+    "part absolute": ("parts/part-00000.parquet", "absolute"),
+    "part relative": ("parts/part-00001.parquet", "relative"),
+    "part fifo": ("parts/part-00002.parquet", "fifo"),
+    "parts folder absolute": ("parts", "absolute"),
+    "parts folder relative": ("parts", "relative"),
+    "manifest to /etc/passwd": (fmt.MANIFEST_NAME, "/etc/passwd"),
+    "manifest absolute": (fmt.MANIFEST_NAME, "absolute"),
+    "manifest relative": (fmt.MANIFEST_NAME, "relative"),
+    "manifest fifo": (fmt.MANIFEST_NAME, "fifo"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSAFE))
+def test_inspect_refuses_every_unsafe_path_verify_refuses(bundle, tmp_path, capsys, case):
+    rel, how = UNSAFE[case]
+    _replace(bundle / rel, how, tmp_path)
+    assert main(["verify", str(bundle)]) == 1
+    refused = [line for line in capsys.readouterr().out.splitlines() if "UnsafePath" in line]
+    assert refused, case
+    assert main(["inspect", str(bundle)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing printed as if it were a bundle
+    line = captured.err.strip()
+    assert "\n" not in line and line.endswith(refused[0].split("UnsafePath: ", 1)[1]), line
 
 
 def test_stage_input_streams_and_prints_identity(tmp_path, capsys):
@@ -257,13 +305,20 @@ def test_crafted_names_cannot_forge_a_valid_line(bundle, capsys):
 
 
 def test_crafted_manifest_text_is_escaped_by_inspect(tmp_path, capsys):
-    column = "c\nVALID elsewhere\x1b[2J"
+    with pytest.raises(SchemaMismatch, match=r"control character \(U\+000A\)"):
+        stage(
+            input_table(3).append_column("c\nVALID", pa.array([1, 2, 3])),
+            tmp_path / "a",
+            id_field="id",
+            kind="input",
+        )
+    column = "c\u2028VALID elsewhere\u202e"  # a line separator and a bidi override: not C0
     table = input_table(3).append_column(column, pa.array([1, 2, 3]))
     stage(table, tmp_path / "b", id_field="id", kind="input")
     assert main(["inspect", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
-    assert "c\\nVALID elsewhere\\x1b[2J" in out
-    assert "\x1b" not in out and not any(x.startswith("VALID") for x in out.splitlines())
+    assert "c\\u2028VALID elsewhere\\u202e" in out
+    assert "\u2028" not in out and not any(x.startswith("VALID") for x in out.splitlines())
 
 
 def test_verify_json_on_a_missing_path_is_json(tmp_path, capsys):

@@ -261,6 +261,13 @@ def test_any_existing_name_is_refused(tmp_path, existing):
     assert os.path.lexists(dest) and not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("name", ["b" * 250, "b" * 255, "\u00e9" * 127])
+def test_any_name_the_filesystem_takes_stages(tmp_path, name):
+    make_input(tmp_path / name)
+    assert verify(tmp_path / name).manifest.counts.items == 30
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no work in progress left
+
+
 def test_failed_staging_leaves_nothing(tmp_path):
     t = input_table(10)
     ids = t.column("id").to_pylist()

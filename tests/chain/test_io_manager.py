@@ -22,6 +22,7 @@ from assets import (
 from assets.training_run import TrainingConfig
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.bundle.errors import DigestMismatch
+from tests.helpers.bundles import edit_in_place
 from tests.helpers.chain import FAST_TRAINING
 
 UP_TO_TRAINING = [result_manifest, verified_snapshot, disjoint_index, training_run]
@@ -59,12 +60,24 @@ def test_a_later_run_loads_the_latest_materialization_without_hashing_again(trai
     assert not checkpoint.stat().st_mode & 0o222  # kept read-only
 
 
-def test_a_checkpoint_changed_after_training_is_refused(trained):
+def _change(path: Path, covered: bool, at: int) -> None:
+    """Change one byte of ``path``: plainly, or in place with the mtime put back."""
+    if covered:
+        edit_in_place(path, at)
+        return
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+TRACKS = pytest.mark.parametrize("covered", [False, True], ids=["rewritten", "mtime-put-back"])
+
+
+@TRACKS
+def test_a_checkpoint_changed_after_training_is_refused(trained, covered):
     instance, resources, checkpoint = trained
-    os.chmod(checkpoint, 0o644)
-    data = bytearray(checkpoint.read_bytes())
-    data[-1] ^= 0xFF
-    checkpoint.write_bytes(bytes(data))
+    _change(checkpoint, covered, checkpoint.stat().st_size - 1)
     result = _predict_in_a_new_run(instance, resources)
     assert not result.success
     error = result.get_step_failure_events()[0].step_failure_data.error
@@ -72,14 +85,12 @@ def test_a_checkpoint_changed_after_training_is_refused(trained):
     assert "the checkpoint changed after training" in error.cause.message
 
 
-def test_a_cached_part_changed_after_verification_is_refused(trained):
+@TRACKS
+def test_a_cached_part_changed_after_verification_is_refused(trained, covered):
     instance, resources, _ = trained
     cache = Path(resources["bundle_store"].cache_dir)
     part = next((cache / "bundles").glob("*/parts/part-00000.parquet"))
-    os.chmod(part, 0o644)
-    data = bytearray(part.read_bytes())
-    data[100] ^= 0xFF
-    part.write_bytes(bytes(data))
+    _change(part, covered, 100)
     result = _predict_in_a_new_run(instance, resources)
     assert not result.success
     error = result.get_step_failure_events()[0].step_failure_data.error

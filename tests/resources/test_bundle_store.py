@@ -12,7 +12,7 @@ from pipeline.bundle.errors import DigestMismatch, IncompleteBundle
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import verify
 from resources.bundle_store import BundleStore
-from tests.helpers.bundles import write_bytes
+from tests.helpers.bundles import edit_in_place, write_bytes
 
 
 def _table(start: int, n: int) -> pa.Table:
@@ -95,6 +95,30 @@ def test_trusted_only_vouches_for_the_verified_object_itself(tmp_path, bundle):
     os.chmod(obj, 0o444)
     os.utime(obj, ns=(0, 0))  # mtime no longer what the ledger recorded
     assert not store.trusted(got.path / entry.path, entry)
+
+
+def test_an_in_place_edit_with_the_mtime_put_back_is_not_trusted(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(str(bundle.root))
+    entry = got.manifest.parts[0]
+    assert store.trusted(got.path / entry.path, entry)
+    edit_in_place(store.object_path(entry.sha256), entry.bytes // 2)
+    assert not store.trusted(got.path / entry.path, entry)  # only the ctime says so
+    with pytest.raises(DigestMismatch, match=entry.path):
+        store.verify(got.path)
+    again = BundleStore(tmp_path / "cache").fetch(str(bundle.root))  # replaced, not trusted
+    assert again.files_downloaded == 1 and store.verify(again.path).identity == bundle.identity
+
+
+def test_views_sharing_objects_stay_trusted_and_rehash_checks_every_byte(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    first = store.fetch(str(bundle.root))
+    second = store.fetch(str(_newer(tmp_path, bundle, new_rows=50).root))  # links shared objects
+    for view in (first.path, second.path):  # a new link is not a change of the bytes
+        assert store.verify(view).stats.bytes_hashed == 0
+    rehash = BundleStore(tmp_path / "cache", rehash=True)
+    snap = rehash.verify(second.path)
+    assert snap.stats.bytes_hashed == snap.stats.bytes_total > 0
 
 
 def test_no_manifest_means_incomplete_and_nothing_downloaded(tmp_path, bundle):
