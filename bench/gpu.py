@@ -58,7 +58,6 @@ from pipeline.readers.reconcile import ReconcileReport, Tally, reconcile  # noqa
 from pipeline.training.device import choose_device, to_device, wants_pinned_memory  # noqa: E402
 from pipeline.training.features import (  # noqa: E402
     FeatureSpec,
-    choose_features,
     fit_spec,
     to_features,
 )
@@ -358,13 +357,7 @@ def run(out: Path, items: int, batch_size: int, workers: int, device, t0: float)
     """Stage, fit the spec, measure the three checks and print the summary; 1 if unreconciled."""
     index = bundle(out, items)
     config = ReferenceConfig(features=[FEATURE], batch_size=batch_size)
-    fields, _ = choose_features(
-        index.schema,
-        id_field=index.id_field,
-        label=config.label,
-        features=config.features,
-        auto=config.auto_features,
-    )
+    fields, _ = config.choose_features(index.schema, index.id_field)
     loader = make_loader(
         index,
         style="map",

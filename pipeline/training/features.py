@@ -281,31 +281,28 @@ def fit_spec(
     mean = sums[1] / n
     std = (sums[2] / n - mean * mean).clamp(min=0).sqrt()
     std = torch.where(std > 1e-8, std, torch.ones_like(std))
+    # a classifier's spec adds its classes, a regressor's its target's normalisation (classes
+    # stay empty for a regressor, the target's mean and std 0 and 1 for a classifier)
+    t_mean, t_std = 0.0, 1.0
     if task == "classification":
         if len(classes) < 2:
             raise TrainerError(
                 f"label {label!r} holds {len(classes)} class(es) among the rows used for "
                 "fitting; a classifier needs at least two"
             )
-        return FeatureSpec(
-            task=task,
-            label=label,
-            columns=columns,
-            mean=mean.tolist(),
-            std=std.tolist(),
-            classes=sorted(classes),
-        )
-    tn = target[0].clamp(min=1)
-    t_mean = float(target[1] / tn)
-    t_std = float((target[2] / tn - t_mean * t_mean).clamp(min=0).sqrt()) or 1.0
-    if target[0] == 0:
-        raise TrainerError(f"label {label!r} has no value among the rows used for fitting")
+    else:
+        if target[0] == 0:
+            raise TrainerError(f"label {label!r} has no value among the rows used for fitting")
+        tn = target[0].clamp(min=1)
+        t_mean = float(target[1] / tn)
+        t_std = float((target[2] / tn - t_mean * t_mean).clamp(min=0).sqrt()) or 1.0
     return FeatureSpec(
         task=task,
         label=label,
         columns=columns,
         mean=mean.tolist(),
         std=std.tolist(),
+        classes=sorted(classes),
         target_mean=t_mean,
         target_std=t_std,
     )

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from pipeline.bundle import format as fmt
+from pipeline.bundle.manifest import Schema, SchemaField
 from pipeline.readers.batches import accepted_mask, confidence_weights
 from pipeline.training.device import cpu_state_dict, tensor_to, to_device
 from pipeline.training.features import (
@@ -40,7 +41,7 @@ from pipeline.training.features import (
     to_features,
 )
 from pipeline.training.model import MLP, save_checkpoint
-from pipeline.training.trainer import FitContext, FitResult, merge_tallied_states
+from pipeline.training.trainer import FeatureSet, FitContext, FitResult, merge_tallied_states
 
 CHECKPOINT = "model.pt"
 
@@ -73,6 +74,20 @@ class ReferenceConfig(BaseModel):
     amp: bool = Field(
         default=False, description="bfloat16 autocast for the forward pass and loss (GPU speed)"
     )
+
+    def choose_features(
+        self, schema: Schema, id_field: str
+    ) -> tuple[list[SchemaField], FeatureSet]:
+        """The feature columns this config names (or, with ``auto_features``, every usable one
+        but ``exclude``) in ``schema``, and what to record: ``features.choose_features``."""
+        return choose_features(
+            schema,
+            id_field=id_field,
+            label=self.label,
+            features=self.features,
+            auto=self.auto_features,
+            exclude=self.exclude,
+        )
 
 
 #: Config fields added after checkpoints were first written, left out of a checkpoint while at
@@ -173,14 +188,7 @@ def fit_reference(ctx: FitContext) -> FitResult:
     config: ReferenceConfig = ctx.config
     index = ctx.index
     check_label(index.schema, config.label, config.task)
-    fields, feature_set = choose_features(
-        index.schema,
-        id_field=index.id_field,
-        label=config.label,
-        features=config.features,
-        auto=config.auto_features,
-        exclude=config.exclude,
-    )
+    fields, feature_set = config.choose_features(index.schema, index.id_field)
     if config.auto_features:
         ctx.log(f"auto_features chose {feature_set.used}; left out {feature_set.dropped}")
     has_status = index.is_result
