@@ -18,11 +18,8 @@ from pipeline.cli.output import EXIT_OK, UsageError, say, table
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Declare the subcommand and its flags."""
-    i = sub.add_parser("inspect", help="show identity, counts, schema and parts (no hashing)")
-    i.add_argument("path", metavar="PATH|URL", help="bundle directory, or its URL (s3://...)")
-    i.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    remote.add_arguments(i, cache=False)
-    i.set_defaults(run=run)
+    what = "show identity, counts, schema and parts (no hashing)"
+    remote.add_parser(sub, "inspect", what, json_help="print the manifest as JSON", run=run)
 
 
 def run(args: argparse.Namespace) -> int:

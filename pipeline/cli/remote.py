@@ -16,7 +16,7 @@ import argparse
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline.bundle.manifest import Manifest
@@ -27,11 +27,24 @@ from resources.credentials import CredentialError, CredentialRegistry
 #: The name the command line's one credential is registered under.
 _REF = "cli"
 
-__all__ = ["add_arguments", "fetched", "is_remote", "manifest"]
+__all__ = ["add_parser", "fetched", "is_remote", "manifest"]
 
 
-def add_arguments(p: argparse.ArgumentParser, *, cache: bool) -> None:
-    """The flags a subcommand taking URLs adds."""
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    *,
+    json_help: str,
+    run: Callable[[argparse.Namespace], int],
+    cache: bool = False,
+) -> argparse.ArgumentParser:
+    """Declare a subcommand over one bundle, a directory or a URL: its ``PATH|URL``, ``--json``
+    and the flags for URLs (``--credential-env``; with ``cache``, ``--cache-dir``)."""
+    p = sub.add_parser(name, help=help)
+    p.set_defaults(run=run)
+    p.add_argument("path", metavar="PATH|URL", help="bundle directory, or its URL (s3://...)")
+    p.add_argument("--json", action="store_true", help=json_help)
     p.add_argument(
         "--credential-env",
         metavar="VAR",
@@ -45,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser, *, cache: bool) -> None:
             metavar="DIR",
             help="for a URL: the bundle cache to download into (default: a temporary one)",
         )
+    return p
 
 
 def _store(cache: Path, credential_env: str | None) -> tuple[BundleStore, str | None]:

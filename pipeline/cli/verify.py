@@ -18,11 +18,9 @@ from pipeline.cli.output import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError, p
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Declare the subcommand and its flags."""
-    v = sub.add_parser("verify", help="check every rule of the bundle contract")
-    v.add_argument("path", metavar="PATH|URL", help="bundle directory, or its URL (s3://...)")
-    v.add_argument("--json", action="store_true", help="print one JSON object for machines")
-    remote.add_arguments(v, cache=True)
-    v.set_defaults(run=run)
+    what = "check every rule of the bundle contract"
+    json_help = "print one JSON object for machines"
+    remote.add_parser(sub, "verify", what, json_help=json_help, run=run, cache=True)
 
 
 def run(args: argparse.Namespace) -> int:
