@@ -8,12 +8,12 @@ effects: a decision only *asks* for work (a chain run, a resubmission run), it n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from resources.compute.client import JobState
+from resources.compute.client import JobState, JobStatus
 from resources.settings import Policy
 
 
@@ -58,6 +58,13 @@ class Observed:
     resubmit_active: bool = False
     #: Whether the Compute side can run the outstanding items at all.
     can_resubmit: bool = True
+
+    @classmethod
+    def of(cls, job_id: str, status: JobStatus, **read: Any) -> Observed:
+        """``status`` as the policy sees it (its fields of the names above) for ``job_id``;
+        ``read`` is what the sensor read beside it (the ``resubmit_*`` runs, ``can_resubmit``)."""
+        viewed = {f.name for f in fields(cls)} & set(JobStatus.model_fields) - {"job_id"}
+        return cls(job_id=job_id, **{f: getattr(status, f) for f in viewed}, **read)
 
 
 @dataclass(frozen=True)

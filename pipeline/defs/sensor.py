@@ -153,13 +153,9 @@ def tick(
             reasons.append(f"{job_id}: Compute refused the status call ({type(e).__name__}: {e})")
             continue
         failures, active = _resubmit_runs(context.instance, job_id, status.latest_version_id)
-        observed = Observed(
-            job_id=job_id,
-            state=status.state,
-            attempt=status.attempt,
-            latest_version_id=status.latest_version_id,
-            outstanding=status.outstanding,
-            message=status.message,
+        observed = Observed.of(
+            job_id,
+            status,
             resubmit_failures=failures,
             resubmit_active=active,
             can_resubmit=client.can_resubmit,

@@ -36,34 +36,16 @@ class ChainSettings(dg.ConfigurableResource):
 
     @classmethod
     def from_env(cls, env: LithiEnv) -> ChainSettings:
-        """The settings ``env`` describes."""
-        return cls(
-            job_id=env.job_id,
-            watch_jobs=env.watch_jobs,
-            max_attempts=env.max_attempts,
-            base_delay_seconds=env.resubmit_delay_seconds,
-            train_on_partial=env.train_on_partial,
-            max_resubmit_retries=env.max_resubmit_retries,
-            credential_ref=env.credential_ref,
-            world_size=env.world_size,
-            num_workers=env.num_workers,
-            checkpoint_every=env.checkpoint_every,
-            torchrun_max_restarts=env.torchrun_max_restarts,
-            device=env.device,
-            publish_url=env.publish_url,
-            publish_credential_ref=env.publish_credential_ref,
-        )
+        """The settings ``env`` describes: each field from the variable of its name, and
+        ``base_delay_seconds`` from ``LITHI_RESUBMIT_DELAY_SECONDS`` (``backoff`` has none)."""
+        named = {f: getattr(env, f) for f in cls.model_fields if f in LithiEnv.model_fields}
+        return cls(**named, base_delay_seconds=env.resubmit_delay_seconds)
 
     @property
     def policy(self) -> Policy:
-        """The sensor's PARTIAL policy (checked: a bad combination is refused here)."""
-        return Policy(
-            max_attempts=self.max_attempts,
-            base_delay_seconds=self.base_delay_seconds,
-            backoff=self.backoff,
-            train_on_partial=self.train_on_partial,
-            max_resubmit_retries=self.max_resubmit_retries,
-        )
+        """The sensor's PARTIAL policy, from the fields of the same names (checked: a bad
+        combination is refused here)."""
+        return Policy(**{f: getattr(self, f) for f in Policy.model_fields})
 
     def resolve_job(self, client: ComputeClient) -> str | None:
         """The job the chain follows: ``job_id``, else the most recently submitted one."""
