@@ -35,10 +35,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import s3fs  # noqa: E402
 
-from bench.verify import SHAPES, batches  # noqa: E402
+from bench.verify import cached_bundle  # noqa: E402
 from pipeline.bundle.digest import cpu_count  # noqa: E402
-from pipeline.bundle.errors import BundleError  # noqa: E402
-from pipeline.bundle.stage import stage  # noqa: E402
 from pipeline.bundle.verify import verify  # noqa: E402
 from resources.bundle_store import BundleStore, default_remote_workers  # noqa: E402
 
@@ -51,29 +49,9 @@ PART_BYTES = 24 * 1024 * 1024
 KEY = SECRET = "bench"  # moto's server accepts any key unless IAM authentication is switched on
 
 
-def cached_bundle(gb: float) -> Path:
+def wide_bundle(gb: float) -> Path:
     """The benchmark bundle (1 KB embedding rows in parts of ``PART_BYTES``), staged once."""
-    dest = OUT / f"s3-wide-{gb:g}gb"
-    if dest.exists():
-        try:
-            verify(dest)
-            return dest
-        except BundleError as e:
-            print(f"cached bundle invalid ({type(e).__name__}); restaging", file=sys.stderr)
-            shutil.rmtree(dest)
-    schema, row_bytes = SHAPES["wide"]
-    rows = int(gb * 1e9 / row_bytes) + 1
-    print(f"staging {rows:,} rows (~{gb:g} GB) into {dest.relative_to(ROOT)} ...", file=sys.stderr)
-    OUT.mkdir(parents=True, exist_ok=True)
-    stage(
-        batches("wide", rows),
-        dest,
-        id_field="id",
-        kind="input",
-        schema=schema,
-        rows_per_part=PART_BYTES // row_bytes,
-    )
-    return dest
+    return cached_bundle(OUT / f"s3-wide-{gb:g}gb", gb, "wide", part_bytes=PART_BYTES)
 
 
 def free_port() -> int:
@@ -113,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    local = cached_bundle(args.gb)
+    local = wide_bundle(args.gb)
     snap = verify(local)
     files = [local / e.path for e in snap.manifest.bound_files] + [local / "result-manifest.json"]
     total = sum(e.bytes for e in snap.manifest.bound_files)

@@ -74,8 +74,13 @@ def batches(shape: str, rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
 
 def bundle(gb: float, shape: str) -> Path:
     """The cached benchmark bundle, staged now if absent or invalid."""
-    dest = OUT / f"verify-{shape}-{gb:g}gb"
-    for stale in OUT.glob(f".{dest.name}.staging-*"):  # left by an interrupted earlier run
+    return cached_bundle(OUT / f"verify-{shape}-{gb:g}gb", gb, shape)
+
+
+def cached_bundle(dest: Path, gb: float, shape: str, part_bytes: int | None = None) -> Path:
+    """``gb`` of ``shape`` rows at ``dest``, staged now if absent or invalid: in parts of about
+    ``part_bytes``, or a dozen parts (enough to keep every core hashing)."""
+    for stale in dest.parent.glob(f".{dest.name}.staging-*"):  # left by an interrupted run
         shutil.rmtree(stale)
     if dest.exists():
         try:
@@ -88,8 +93,8 @@ def bundle(gb: float, shape: str) -> Path:
     rows = int(gb * 1e9 / row_bytes) + 1
     print(f"staging {rows:,} rows (~{gb:g} GB) into {dest.relative_to(ROOT)} ...", file=sys.stderr)
     t = time.perf_counter()
-    OUT.mkdir(parents=True, exist_ok=True)
-    per_part = max(1, rows // 12)  # a dozen parts: enough to keep every core hashing
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    per_part = part_bytes // row_bytes if part_bytes else max(1, rows // 12)
     stage(
         batches(shape, rows),
         dest,
