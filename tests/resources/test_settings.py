@@ -15,6 +15,7 @@ from resources.compute.local import LocalCompute
 from resources.dagster.chain_settings import ChainSettings
 from resources.settings import REPO_ROOT, LithiEnv, SettingsError
 from tests.helpers.chain import sample_job
+from tests.helpers.refusals import one_line_refusal
 
 
 def _settings(**kw) -> ChainSettings:
@@ -74,31 +75,44 @@ def test_empty_means_unset(clean_env):
     assert LithiEnv.load().max_attempts == 3
 
 
+#: Where a bad value is refused: when the settings are read (and so again when the code location
+#: loads), or only when the code location loads (the trainer is imported, its config checked).
+READ = [LithiEnv.load, build_definitions]
+LOADED = [build_definitions]
+
+
 @pytest.mark.parametrize(
-    ("name", "value", "expected"),
+    ("name", "value", "expected", "loads"),
     [
-        ("LITHI_MAX_ATTEMPTS", "abc", "expected a whole number"),
-        ("LITHI_MAX_ATTEMPTS", "0", "greater than or equal to 1"),
-        ("LITHI_MAX_ATTEMPTS", "-2", "greater than or equal to 1"),
-        ("LITHI_RESUBMIT_DELAY_SECONDS", "nan", "expected a finite number"),
-        ("LITHI_RESUBMIT_DELAY_SECONDS", "inf", "expected a finite number"),
-        ("LITHI_RESUBMIT_DELAY_SECONDS", "-1", "greater than or equal to 0"),
-        ("LITHI_MAX_RESUBMIT_RETRIES", "1.5", "expected a whole number"),
-        ("LITHI_TRAIN_ON_PARTIAL", "maybe", "expected true or false"),
-        ("LITHI_WORLD_SIZE", "0", "greater than or equal to 1"),
-        ("LITHI_NUM_WORKERS", "two", "expected a whole number"),
-        ("LITHI_COMPUTE_EXECUTOR", "threads", "'subprocess' or 'inline'"),
-        ("LITHI_CREDENTIAL_REFS", "lab", "expected 'ref=ENV_VAR,...'"),
-        ("LITHI_CREDENTIAL_REFS", "lab=not a name", "environment variable name"),
+        ("LITHI_MAX_ATTEMPTS", "abc", "expected a whole number", READ),
+        ("LITHI_MAX_ATTEMPTS", "0", "greater than or equal to 1", READ),
+        ("LITHI_MAX_ATTEMPTS", "-2", "greater than or equal to 1", READ),
+        ("LITHI_RESUBMIT_DELAY_SECONDS", "nan", "expected a finite number", READ),
+        ("LITHI_RESUBMIT_DELAY_SECONDS", "inf", "expected a finite number", READ),
+        ("LITHI_RESUBMIT_DELAY_SECONDS", "-1", "greater than or equal to 0", READ),
+        ("LITHI_MAX_RESUBMIT_RETRIES", "1.5", "expected a whole number", READ),
+        ("LITHI_TRAIN_ON_PARTIAL", "maybe", "expected true or false", READ),
+        ("LITHI_WORLD_SIZE", "0", "greater than or equal to 1", READ),
+        ("LITHI_NUM_WORKERS", "two", "expected a whole number", READ),
+        ("LITHI_COMPUTE_EXECUTOR", "threads", "'subprocess' or 'inline'", READ),
+        ("LITHI_CREDENTIAL_REFS", "lab", "expected 'ref=ENV_VAR,...'", READ),
+        ("LITHI_CREDENTIAL_REFS", "lab=not a name", "environment variable name", READ),
+        ("LITHI_TRAINER_CONFIG", "[1]", "expected a JSON object, found list", READ),
+        ("LITHI_TRAINER", "not a path", "expected an import path", READ),
+        (
+            "LITHI_TRAINER_CONFIG",
+            '{"epochs": "many"}',
+            "ReferenceTrainer config: epochs: Input",
+            LOADED,
+        ),
+        ("LITHI_TRAINER", "my_pkg.nowhere:T", "cannot import 'my_pkg.nowhere'", LOADED),
     ],
 )
-def test_a_bad_value_is_one_line_naming_the_variable(clean_env, name, value, expected):
+def test_a_bad_value_is_one_line_naming_the_variable(clean_env, name, value, expected, loads):
     clean_env.setenv(name, value)
-    with pytest.raises(SettingsError) as e:
-        LithiEnv.load()
-    message = str(e.value)
-    assert message.startswith(f"{name}={value!r}: ") and expected in message
-    assert "\n" not in message
+    for load in loads:
+        message = one_line_refusal(SettingsError, load)
+        assert message.startswith(f"{name}={value!r}: ") and expected in message
 
 
 def test_a_bad_cron_is_refused_naming_the_variable(clean_env):

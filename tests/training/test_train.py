@@ -13,17 +13,15 @@ import torch
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import keyed_coverage
 from pipeline.training import (
-    REFERENCE_TRAINER,
     FitResult,
-    PredictContext,
     Trainer,
     TrainerError,
-    hash_checkpoint,
     load_trainer,
-    run_fit,
 )
 from pipeline.training.features import holdout_mask
 from tests.helpers.bundles import stage_result
+from tests.helpers.refusals import one_line_refusal
+from tests.helpers.training import train
 
 N = 1009
 
@@ -81,26 +79,6 @@ def values(tmp_path_factory) -> Index:
     cols = _table(rng, np.zeros(N, np.int64), x)
     cols["target"] = pa.array(y, pa.float64())
     return _stage(tmp_path_factory.mktemp("reg"), pa.table(cols))
-
-
-def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None):
-    """What the pipeline does around a trainer, in-process: fit, reconcile, hash, predict."""
-    trainer = trainer or load_trainer(REFERENCE_TRAINER)
-    out.mkdir(parents=True, exist_ok=True)
-    run = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
-    result, report, passes = run.result, run.reconciliation, run.passes
-    files = hash_checkpoint(out)
-    table = trainer.predict(
-        PredictContext(
-            index=index,
-            config=trainer.parse_config(config),
-            num_workers=0,
-            log=lambda _: None,
-            checkpoint_dir=out,
-            checkpoint_sha256=files.sha256,
-        )
-    )
-    return result, report, passes, files, table
 
 
 FEATURES = ["x", "scalar", "count", "flag", "seen"]
@@ -210,9 +188,8 @@ def test_an_interrupted_pass_is_not_counted(classes, tmp_path):
     ],
 )
 def test_a_bad_trainer_path_is_one_line_naming_it(path, message):
-    with pytest.raises(TrainerError, match=message) as e:
-        load_trainer(path)
-    assert str(e.value).startswith(f"trainer {path!r}") and "\n" not in str(e.value)
+    refusal = one_line_refusal(TrainerError, load_trainer, path)
+    assert refusal.startswith(f"trainer {path!r}") and message in refusal
 
 
 def test_holdout_is_a_function_of_the_id_alone():
