@@ -1,4 +1,5 @@
-"""A small labelled result bundle to fit on, shared by the progress tests and the SIGKILL ones."""
+"""Fitting in tests: a small labelled result bundle to fit on (shared by the progress tests and
+the SIGKILL ones), and a fit followed by its prediction as the pipeline runs them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.readers.index import Index
+from pipeline.training import (
+    REFERENCE_TRAINER,
+    PredictContext,
+    Trainer,
+    hash_checkpoint,
+    load_trainer,
+    run_fit,
+)
 from tests.helpers.bundles import stage_result
 
 N = 400  # 13 batches of 32 per epoch: the fitting pass, then EPOCHS epochs of 13 steps
@@ -39,3 +48,23 @@ def classes_index(root: Path) -> Index:
 def fit_config(style: str) -> dict:
     """The reference trainer's config for a fit over :func:`classes_index` with ``style``."""
     return {"features": ["x"], "epochs": EPOCHS, "batch_size": BATCH, "reader": style, "seed": 5}
+
+
+def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None):
+    """What the pipeline does around a trainer, in-process: fit, reconcile, hash, predict."""
+    trainer = trainer or load_trainer(REFERENCE_TRAINER)
+    out.mkdir(parents=True, exist_ok=True)
+    run = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
+    result, report, passes = run.result, run.reconciliation, run.passes
+    files = hash_checkpoint(out)
+    table = trainer.predict(
+        PredictContext(
+            index=index,
+            config=trainer.parse_config(config),
+            num_workers=0,
+            log=lambda _: None,
+            checkpoint_dir=out,
+            checkpoint_sha256=files.sha256,
+        )
+    )
+    return result, report, passes, files, table

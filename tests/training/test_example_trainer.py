@@ -13,8 +13,9 @@ import pyarrow as pa
 
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import keyed_coverage
-from pipeline.training import PredictContext, hash_checkpoint, load_trainer, run_fit
+from pipeline.training import load_trainer
 from tests.helpers.bundles import stage_result
+from tests.helpers.training import train
 
 TRAINER = "examples.weighted_trainer:WeightedTrainer"
 FEATURES = ["a", "b", "c"]
@@ -39,27 +40,14 @@ def test_the_example_trainer_fits_and_predicts_on_one_rank(tmp_path):
         }
     )
     index = Index.from_snapshot(stage_result(table, tmp_path / "bundle", rows_per_part=200))
-    trainer = load_trainer(TRAINER)
     config = {"label": "label", "features": FEATURES, "epochs": 8}
-    out = tmp_path / "checkpoint"
-    out.mkdir()
-    run = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
-    assert run.reconciliation.ok and run.reconciliation.items_iterated == n
-    assert run.result.features.used == FEATURES
-    assert run.result.loss_curve[-1] < run.result.loss_curve[0]
-    files = hash_checkpoint(out)
-    assert set(files.files) == {"model.pt", "scaling.json"}
-
-    predictions = trainer.predict(
-        PredictContext(
-            index=index,
-            config=trainer.parse_config(config),
-            num_workers=0,
-            log=lambda _: None,
-            checkpoint_dir=out,
-            checkpoint_sha256=files.sha256,
-        )
+    result, report, _, files, predictions = train(
+        index, tmp_path / "checkpoint", config, load_trainer(TRAINER)
     )
+    assert report.ok and report.items_iterated == n
+    assert result.features.used == FEATURES
+    assert result.loss_curve[-1] < result.loss_curve[0]
+    assert set(files.files) == {"model.pt", "scaling.json"}
     assert predictions.column_names == ["id", "probability", "prediction"]
     assert keyed_coverage(index.ids, predictions.column("id")).ok
     joined = predictions.join(table.select(["id", "label"]), "id")
