@@ -33,18 +33,15 @@ from pipeline.bundle.errors import (
 from pipeline.bundle.manifest import JobInfo, Schema
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import verify
-from tests.helpers.bundles import INPUT_REF, input_table, make_input, make_result, result_table
+from tests.helpers.bundles import (
+    INPUT_REF,
+    INT_RANGES,
+    input_table,
+    make_input,
+    make_result,
+    result_table,
+)
 
-INT_RANGES = {
-    "int8": (-(2**7), 2**7 - 1),
-    "int16": (-(2**15), 2**15 - 1),
-    "int32": (-(2**31), 2**31 - 1),
-    "int64": (-(2**63), 2**63 - 1),
-    "uint8": (0, 2**8 - 1),
-    "uint16": (0, 2**16 - 1),
-    "uint32": (0, 2**32 - 1),
-    "uint64": (0, 2**64 - 1),
-}
 FLOAT_WIDTHS = {"float16": 16, "float32": 32, "float64": 64}
 
 
@@ -296,29 +293,24 @@ def test_result_counts_and_partial(tmp_path):
     assert m.input == INPUT_REF
 
 
-def test_result_with_bad_status_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("last_status", "job_status", "error", "match"),
+    [
+        ("unsure", "SUCCEEDED", CountMismatch, "'unsure'"),  # a status outside the vocabulary
+        (None, "PARTIAL", StatusMismatch, None),  # PARTIAL, but nothing is outstanding
+    ],
+)
+def test_a_result_with_a_bad_status_is_refused(tmp_path, last_status, job_status, error, match):
     t = result_table(6)
-    t = t.set_column(2, fmt.STATUS_COLUMN, pa.array(["accepted"] * 5 + ["unsure"]))
-    with pytest.raises(CountMismatch, match="'unsure'"):
+    if last_status is not None:
+        t = t.set_column(2, fmt.STATUS_COLUMN, pa.array(["accepted"] * 5 + [last_status]))
+    with pytest.raises(error, match=match):
         stage(
             t,
             tmp_path / "r",
             id_field="id",
             kind="result",
-            job=JobInfo(job_id="j", status="SUCCEEDED", attempt=1),
-            input=INPUT_REF,
-        )
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_partial_status_needs_outstanding(tmp_path):
-    with pytest.raises(StatusMismatch):
-        stage(
-            result_table(6),
-            tmp_path / "r",
-            id_field="id",
-            kind="result",
-            job=JobInfo(job_id="j", status="PARTIAL", attempt=1),
+            job=JobInfo(job_id="j", status=job_status, attempt=1),
             input=INPUT_REF,
         )
     assert list(tmp_path.iterdir()) == []
@@ -339,18 +331,23 @@ def test_lineage_is_checked_before_writing(tmp_path, kind, kw, match):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_reused_parts_are_linked_not_rewritten(tmp_path):
-    old = make_result(tmp_path / "v1", n=20, rows_per_part=10, outstanding=["late-1"])
-    late = result_table(21).slice(20)  # item-00020
-    new = stage(
-        late,
-        tmp_path / "v2",
+def _stage_the_late_item(old, dest: Path, parts, **job: str):
+    """item-00020 staged at ``dest`` as attempt 2 of job-1, binding ``parts`` of ``old`` as they
+    are (what a resubmission publishes)."""
+    return stage(
+        result_table(21).slice(20),
+        dest,
         id_field="id",
         kind="result",
-        job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2, parent_version_id="x"),
+        job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2, **job),
         input=INPUT_REF,
-        reuse_parts=[ReusedPart(old.root, e) for e in old.manifest.parts],
+        reuse_parts=[ReusedPart(old.root, e) for e in parts],
     )
+
+
+def test_reused_parts_are_linked_not_rewritten(tmp_path):
+    old = make_result(tmp_path / "v1", n=20, rows_per_part=10, outstanding=["late-1"])
+    new = _stage_the_late_item(old, tmp_path / "v2", old.manifest.parts, parent_version_id="x")
     assert [p.sha256 for p in new.manifest.parts[:2]] == [p.sha256 for p in old.manifest.parts]
     assert os.path.samefile(old.part_paths()[0], new.part_paths()[0])
     assert new.manifest.counts.items == 21
@@ -405,15 +402,7 @@ def test_a_reused_part_is_hashed_and_a_corrupt_one_refused(tmp_path):
     entry = old.manifest.parts[0]
     bad = entry.model_copy(update={"sha256": "0" * 64})
     with pytest.raises(DigestMismatch, match="part-00000"):
-        stage(
-            result_table(21).slice(20),
-            tmp_path / "v2",
-            id_field="id",
-            kind="result",
-            job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2),
-            input=INPUT_REF,
-            reuse_parts=[ReusedPart(old.root, bad)],
-        )
+        _stage_the_late_item(old, tmp_path / "v2", [bad])
     assert not (tmp_path / "v2").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["v1"]  # nothing half-written left behind
 
@@ -428,15 +417,7 @@ def _modes(root: Path) -> set[int]:
 def test_every_staged_file_is_read_only_and_shared_links_stay_so(tmp_path):
     old = make_result(tmp_path / "v1", n=20, rows_per_part=10, outstanding=["late-1"])
     assert _modes(old.root) == {0o444}
-    new = stage(
-        result_table(21).slice(20),
-        tmp_path / "v2",
-        id_field="id",
-        kind="result",
-        job=JobInfo(job_id="job-1", status="SUCCEEDED", attempt=2),
-        input=INPUT_REF,
-        reuse_parts=[ReusedPart(old.root, e) for e in old.manifest.parts],
-    )
+    new = _stage_the_late_item(old, tmp_path / "v2", old.manifest.parts)
     assert _modes(new.root) == {0o444}
     shared = new.part_paths()[0]
     assert os.path.samefile(shared, old.part_paths()[0]) and shared.stat().st_nlink == 2

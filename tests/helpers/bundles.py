@@ -26,6 +26,12 @@ from pipeline.bundle.manifest import InputRef, JobInfo, Schema
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import VerifiedSnapshot, check, verify
 
+#: Each integer vocabulary type's whole range, ends included: what staging must keep exactly.
+INT_RANGES = {
+    name: (int(np.iinfo(name).min), int(np.iinfo(name).max))
+    for name in fmt.NUMERIC_TYPES
+    if pa.types.is_integer(fmt.to_arrow(name))
+}
 #: The input snapshot every test result bundle names (it need not exist: only its identity counts).
 INPUT_REF = InputRef(version_id="input-v1", content_sha256="a" * 64)
 JOB = JobInfo(job_id="job-1", status="SUCCEEDED", attempt=1)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.verify import verify
+from tests.helpers.bundles import INT_RANGES
 from tests.helpers.corpus import run_cli
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
@@ -54,18 +55,8 @@ class Row:
 
 
 def _scalar_values(name: str) -> list:
-    ints = {
-        "int8": (-(2**7), 2**7 - 1),
-        "int16": (-(2**15), 2**15 - 1),
-        "int32": (-(2**31), 2**31 - 1),
-        "int64": (-(2**63), 2**63 - 1),
-        "uint8": (0, 2**8 - 1),
-        "uint16": (0, 2**16 - 1),
-        "uint32": (0, 2**32 - 1),
-        "uint64": (0, 2**64 - 1),
-    }
-    if name in ints:
-        return list(ints[name])
+    if name in INT_RANGES:
+        return list(INT_RANGES[name])
     return {
         "string": ['comma, "quote", new\nline', "", "NA", "null"],  # NA, null: not nulls
         "bool": [True, False],
