@@ -8,24 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.bundle import errors as err
 from pipeline.bundle import format as fmt
-from pipeline.bundle.errors import (
-    BundleError,
-    CountMismatch,
-    DigestMismatch,
-    DuplicateIds,
-    IdentifierError,
-    IncompleteBundle,
-    ManifestInvalid,
-    MissingFile,
-    RowCountMismatch,
-    SchemaMismatch,
-    SizeMismatch,
-    StatusMismatch,
-    UnboundFile,
-    UnreadableFile,
-    UnsafePath,
-)
 from pipeline.bundle.verify import MAX_LISTED, check, verify
 from tests.helpers.bundles import (
     error_types,
@@ -70,12 +54,12 @@ def test_a_check_result_raises_its_first_violation(bundle):
     (bundle / "stray.txt").write_text("x")
     result = check(bundle)
     assert not result.ok and result.manifest is not None
-    with pytest.raises(UnboundFile, match="stray.txt"):
+    with pytest.raises(err.UnboundFile, match="stray.txt"):
         result.verified()
     (bundle / fmt.MANIFEST_NAME).unlink()
     missing = check(bundle)
     assert missing.manifest is None and missing.stats is None
-    with pytest.raises(IncompleteBundle):
+    with pytest.raises(err.IncompleteBundle):
         missing.raise_first()
 
 
@@ -84,13 +68,13 @@ def test_flipped_byte_in_a_part(bundle):
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x01
     p.write_bytes(bytes(data))
-    assert_only(bundle, DigestMismatch, match=r"part-00001\.parquet: sha256 expected")
+    assert_only(bundle, err.DigestMismatch, match=r"part-00001\.parquet: sha256 expected")
 
 
 def test_truncated_part(bundle):
     p = bundle / P0
     os.truncate(p, p.stat().st_size - 1)
-    assert_only(bundle, SizeMismatch, match=r"part-00000\.parquet: expected \d+ bytes, found")
+    assert_only(bundle, err.SizeMismatch, match=r"part-00000\.parquet: expected \d+ bytes, found")
 
 
 def test_wrong_row_count(bundle):
@@ -98,23 +82,25 @@ def test_wrong_row_count(bundle):
     m["parts"][0]["rows"] += 1
     m["counts"]["items"] += 1  # keep the manifest self-consistent: the file is what disagrees
     save_manifest(bundle, m)
-    assert_only(bundle, RowCountMismatch, match="manifest says 11 rows, Parquet holds 10")
+    assert_only(bundle, err.RowCountMismatch, match="manifest says 11 rows, Parquet holds 10")
 
 
 def test_missing_part(bundle):
     (bundle / P1).unlink()
-    assert_only(bundle, MissingFile, match="part-00001.parquet: bound by the manifest but missing")
+    assert_only(
+        bundle, err.MissingFile, match="part-00001.parquet: bound by the manifest but missing"
+    )
 
 
 @pytest.mark.parametrize("rel", ["stray.txt", "parts/part-00003.parquet", ".hidden"])
 def test_extra_file(bundle, rel):
     (bundle / rel).write_bytes(b"not bound")
-    assert_only(bundle, UnboundFile, match="not bound by the manifest")
+    assert_only(bundle, err.UnboundFile, match="not bound by the manifest")
 
 
 def test_extra_directory(bundle):
     (bundle / "cache").mkdir()
-    assert_only(bundle, UnboundFile, match="directory not bound")
+    assert_only(bundle, err.UnboundFile, match="directory not bound")
 
 
 def test_symlinked_part(bundle, tmp_path):
@@ -122,14 +108,14 @@ def test_symlinked_part(bundle, tmp_path):
     outside = tmp_path / "outside.parquet"
     os.replace(bundle / P0, outside)
     os.symlink(outside, bundle / P0)
-    assert_only(bundle, UnsafePath, match="is a symlink")
+    assert_only(bundle, err.UnsafePath, match="is a symlink")
 
 
 def test_symlinked_parts_directory(bundle, tmp_path):
     os.replace(bundle / "parts", tmp_path / "elsewhere")
     os.symlink(tmp_path / "elsewhere", bundle / "parts")
-    assert UnsafePath in error_types(bundle)
-    with pytest.raises(UnsafePath):
+    assert err.UnsafePath in error_types(bundle)
+    with pytest.raises(err.UnsafePath):
         verify(bundle)
 
 
@@ -137,28 +123,28 @@ def test_renamed_column(bundle):
     t = pq.read_table(bundle / P1).rename_columns(["id", "x_renamed", "y"])
     rewrite_part(bundle, P1, t)
     assert_only(
-        bundle, SchemaMismatch, match=r"columns expected \['id', 'x', 'y'\], found \['id', 'x_"
+        bundle, err.SchemaMismatch, match=r"columns expected \['id', 'x', 'y'\], found \['id', 'x_"
     )
 
 
 def test_reordered_columns(bundle):
     t = pq.read_table(bundle / P1).select(["id", "y", "x"])
     rewrite_part(bundle, P1, t)
-    assert_only(bundle, SchemaMismatch, match="columns expected")
+    assert_only(bundle, err.SchemaMismatch, match="columns expected")
 
 
 def test_changed_type(bundle):
     t = pq.read_table(bundle / P0)
     t = t.set_column(1, pa.field("x", pa.int32()), t.column("x").cast(pa.int32()))
     rewrite_part(bundle, P0, t)
-    assert_only(bundle, SchemaMismatch, match="column 'x': type expected int64, found int32")
+    assert_only(bundle, err.SchemaMismatch, match="column 'x': type expected int64, found int32")
 
 
 def test_changed_nullability(bundle):
     t = pq.read_table(bundle / P0)
     t = t.cast(pa.schema([t.schema.field(0), t.schema.field(1).with_nullable(False), t.schema[2]]))
     rewrite_part(bundle, P0, t)
-    assert_only(bundle, SchemaMismatch, match="column 'x': nullable expected True, found False")
+    assert_only(bundle, err.SchemaMismatch, match="column 'x': nullable expected True, found False")
 
 
 def test_dictionary_encoded_strings_count_as_strings(bundle):
@@ -179,8 +165,8 @@ def test_null_id(bundle):
     rewrite_part(bundle, P1, t)
     errors = check(bundle).errors
     # The null is reported first, as what it is; the nullable declaration is also a mismatch.
-    assert [type(e) for e in errors] == [IdentifierError, SchemaMismatch]
-    with pytest.raises(IdentifierError, match=r"part-00001\.parquet: 1 null value\(s\) in id"):
+    assert [type(e) for e in errors] == [err.IdentifierError, err.SchemaMismatch]
+    with pytest.raises(err.IdentifierError, match=r"part-00001\.parquet: 1 null value\(s\) in id"):
         verify(bundle)
 
 
@@ -190,7 +176,7 @@ def test_duplicate_id_across_parts(bundle):
     ids[4] = "item-00002"  # lives in part 0
     t = t.set_column(0, t.schema.field(0), pa.array(ids, pa.string()))
     rewrite_part(bundle, P1, t)
-    assert_only(bundle, DuplicateIds, match=r"1 id\(s\) in 'id' appear more than once")
+    assert_only(bundle, err.DuplicateIds, match=r"1 id\(s\) in 'id' appear more than once")
     msg = str(check(bundle).errors[0])
     assert "'item-00002'" in msg and P0 in msg and P1 in msg
 
@@ -200,7 +186,7 @@ def test_duplicate_id_between_parts_and_outstanding(tmp_path):
     make_result(b, n=9, rows_per_part=5, outstanding=["late-1"])
     t = pa.table({"id": pa.array(["item-00003"], pa.string())})  # item-00003 is in part 0
     rewrite_part(b, fmt.OUTSTANDING_NAME, t.cast(pa.schema([pa.field("id", pa.string(), False)])))
-    assert_only(b, DuplicateIds, match="appear more than once")
+    assert_only(b, err.DuplicateIds, match="appear more than once")
     assert "outstanding.parquet" in str(check(b).errors[0])
 
 
@@ -208,7 +194,7 @@ def test_count_mismatch_items(bundle):
     m = load_manifest(bundle)
     m["counts"]["items"] = 31
     save_manifest(bundle, m)
-    assert_only(bundle, CountMismatch, match="counts.items is 31 but the parts hold 30 rows")
+    assert_only(bundle, err.CountMismatch, match="counts.items is 31 but the parts hold 30 rows")
 
 
 def test_count_mismatch_by_status(tmp_path):
@@ -218,7 +204,7 @@ def test_count_mismatch_by_status(tmp_path):
     m["counts"]["accepted"] += 1
     m["counts"]["failed"] -= 1  # still sums to items: only the parts can disagree
     save_manifest(b, m)
-    assert_only(b, CountMismatch, match="counts by status expected")
+    assert_only(b, err.CountMismatch, match="counts by status expected")
 
 
 def test_unknown_status_value(tmp_path):
@@ -230,7 +216,7 @@ def test_unknown_status_value(tmp_path):
     i = t.schema.get_field_index(fmt.STATUS_COLUMN)
     t = t.set_column(i, t.schema.field(i), pa.array(statuses))
     rewrite_part(b, P0, t)
-    assert_only(b, CountMismatch, match="lithi_status holds 'maybe'")
+    assert_only(b, err.CountMismatch, match="lithi_status holds 'maybe'")
 
 
 def test_partial_without_outstanding(tmp_path):
@@ -239,7 +225,7 @@ def test_partial_without_outstanding(tmp_path):
     m = load_manifest(b)
     m["job"]["status"] = "PARTIAL"
     save_manifest(b, m)
-    assert_only(b, StatusMismatch, match="PARTIAL exactly when it has outstanding items")
+    assert_only(b, err.StatusMismatch, match="PARTIAL exactly when it has outstanding items")
 
 
 def test_outstanding_without_partial(tmp_path):
@@ -250,37 +236,37 @@ def test_outstanding_without_partial(tmp_path):
     m["job"]["status"] = "SUCCEEDED"
     m["job"]["next_action"] = None
     save_manifest(b, m)
-    assert_only(b, StatusMismatch)
+    assert_only(b, err.StatusMismatch)
 
 
 def test_missing_manifest(bundle):
     (bundle / fmt.MANIFEST_NAME).unlink()
-    with pytest.raises(IncompleteBundle, match="part files alone never mean the job finished"):
+    with pytest.raises(err.IncompleteBundle, match="part files alone never mean the job finished"):
         verify(bundle)
-    assert error_types(bundle) == [IncompleteBundle]
+    assert error_types(bundle) == [err.IncompleteBundle]
 
 
 def test_not_a_directory(tmp_path):
-    with pytest.raises(IncompleteBundle, match="not a bundle directory"):
+    with pytest.raises(err.IncompleteBundle, match="not a bundle directory"):
         verify(tmp_path / "nothing-here")
 
 
 def test_manifest_not_json(bundle):
     write_bytes(bundle / fmt.MANIFEST_NAME, b'{"manifest_version": 1, ')
-    assert_only(bundle, ManifestInvalid, match="is not JSON")
+    assert_only(bundle, err.ManifestInvalid, match="is not JSON")
 
 
 def test_manifest_symlink(bundle, tmp_path):
     os.replace(bundle / fmt.MANIFEST_NAME, tmp_path / "m.json")
     os.symlink(tmp_path / "m.json", bundle / fmt.MANIFEST_NAME)
-    assert_only(bundle, UnsafePath, match="manifest must be a regular file")
+    assert_only(bundle, err.UnsafePath, match="manifest must be a regular file")
 
 
 def test_wrong_content_sha256(bundle):
     m = load_manifest(bundle)
     m["snapshot"]["content_sha256"] = "0" * 64
     save_manifest(bundle, m)
-    assert_only(bundle, DigestMismatch, match="content_sha256 expected 0000")
+    assert_only(bundle, err.DigestMismatch, match="content_sha256 expected 0000")
 
 
 @pytest.mark.parametrize(
@@ -290,7 +276,7 @@ def test_unsafe_paths_in_manifest_are_rejected(bundle, bad):
     m = load_manifest(bundle)
     m["parts"][0]["path"] = bad
     save_manifest(bundle, m)
-    assert_only(bundle, UnsafePath, match="normalised relative path inside the bundle")
+    assert_only(bundle, err.UnsafePath, match="normalised relative path inside the bundle")
 
 
 def test_every_violation_is_listed_while_verify_raises_the_first(bundle):
@@ -299,11 +285,11 @@ def test_every_violation_is_listed_while_verify_raises_the_first(bundle):
     t = pq.read_table(bundle / P0).rename_columns(["id", "xx", "y"])
     pq.write_table(t, bundle / P0)  # digest now wrong too: schema is not read from bad bytes
     types = error_types(bundle)
-    assert types[0] is UnboundFile
-    assert MissingFile in types
-    assert DigestMismatch in types or SizeMismatch in types
-    assert SchemaMismatch not in types
-    with pytest.raises(UnboundFile):
+    assert types[0] is err.UnboundFile
+    assert err.MissingFile in types
+    assert err.DigestMismatch in types or err.SizeMismatch in types
+    assert err.SchemaMismatch not in types
+    with pytest.raises(err.UnboundFile):
         verify(bundle)
 
 
@@ -311,7 +297,7 @@ def test_schema_of_intact_parts_still_checked_beside_other_errors(bundle):
     t = pq.read_table(bundle / P0).rename_columns(["id", "xx", "y"])
     rewrite_part(bundle, P0, t)
     (bundle / "stray").write_bytes(b"x")
-    assert error_types(bundle) == [UnboundFile, SchemaMismatch]
+    assert error_types(bundle) == [err.UnboundFile, err.SchemaMismatch]
 
 
 def test_trusted_files_are_not_hashed(bundle):
@@ -335,8 +321,14 @@ def test_rebind_alone_keeps_a_bundle_valid(bundle):
 
 
 def test_errors_are_one_family():
-    for cls in (IncompleteBundle, DigestMismatch, SchemaMismatch, UnboundFile, UnsafePath):
-        assert issubclass(cls, BundleError)
+    for cls in (
+        err.IncompleteBundle,
+        err.DigestMismatch,
+        err.SchemaMismatch,
+        err.UnboundFile,
+        err.UnsafePath,
+    ):
+        assert issubclass(cls, err.BundleError)
 
 
 def test_unreadable_parquet_with_matching_digest_is_reported_not_raised(bundle):
@@ -346,8 +338,8 @@ def test_unreadable_parquet_with_matching_digest_is_reported_not_raised(bundle):
     write_bytes(p, bytes(data))
     rebind(bundle)
     types = error_types(bundle)
-    assert types and all(issubclass(t, BundleError) for t in types)
-    with pytest.raises(BundleError):
+    assert types and all(issubclass(t, err.BundleError) for t in types)
+    with pytest.raises(err.BundleError):
         verify(bundle)
 
 
@@ -360,7 +352,7 @@ def test_footer_row_count_must_match_its_row_groups(tmp_path):
     m["counts"]["items"] = 7
     save_manifest(b, m)
     assert pq.read_table(b / P0).num_rows == 4
-    assert_only(b, RowCountMismatch, match="footer says 3 rows, its row groups hold 4")
+    assert_only(b, err.RowCountMismatch, match="footer says 3 rows, its row groups hold 4")
 
 
 def test_deeply_nested_unbound_directories_are_one_violation(bundle):
@@ -369,7 +361,7 @@ def test_deeply_nested_unbound_directories_are_one_violation(bundle):
         errors = check(bundle).errors
     finally:
         unnest(bundle / "deep")  # shutil.rmtree recurses too
-    assert [type(e) for e in errors] == [UnboundFile]
+    assert [type(e) for e in errors] == [err.UnboundFile]
     assert errors[0].path == "deep"
 
 
@@ -378,14 +370,19 @@ def test_parts_as_a_file_is_reported_not_raised(bundle):
         p.unlink()
     (bundle / "parts").rmdir()
     (bundle / "parts").write_bytes(b"x")
-    assert error_types(bundle) == [UnboundFile, MissingFile, MissingFile, MissingFile]
+    assert error_types(bundle) == [
+        err.UnboundFile,
+        err.MissingFile,
+        err.MissingFile,
+        err.MissingFile,
+    ]
 
 
 def test_a_bound_directory_where_a_part_should_be(bundle):
     (bundle / P0).unlink()
     (bundle / P0).mkdir()
     types = error_types(bundle)
-    assert types == [UnboundFile, UnsafePath]
+    assert types == [err.UnboundFile, err.UnsafePath]
 
 
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
@@ -396,14 +393,14 @@ def test_a_manifest_that_is_not_a_regular_file(bundle, kind):
     else:
         os.mkfifo(bundle / fmt.MANIFEST_NAME)  # opened without blocking, then refused
     errors = check(bundle).errors
-    assert [type(e) for e in errors] == [UnsafePath]
+    assert [type(e) for e in errors] == [err.UnsafePath]
     assert "must be a regular file" in str(errors[0])
 
 
 def test_a_huge_manifest_is_refused_by_its_size(bundle):
     with open(bundle / fmt.MANIFEST_NAME, "r+b") as f:
         f.truncate(fmt.MAX_MANIFEST_BYTES + 1)  # sparse: costs no disk
-    assert_only(bundle, ManifestInvalid, match=f"expected at most {fmt.MAX_MANIFEST_BYTES}")
+    assert_only(bundle, err.ManifestInvalid, match=f"expected at most {fmt.MAX_MANIFEST_BYTES}")
 
 
 def test_many_unbound_files_are_listed_up_to_a_bound(bundle):
@@ -417,7 +414,7 @@ def test_many_unbound_files_are_listed_up_to_a_bound(bundle):
 def test_a_non_utf8_file_name_is_named_with_escapes(bundle):
     os.close(os.open(os.fsencode(bundle) + b"/stray-\xff", os.O_CREAT | os.O_WRONLY))
     errors = check(bundle).errors
-    assert [type(e) for e in errors] == [UnboundFile]
+    assert [type(e) for e in errors] == [err.UnboundFile]
     assert errors[0].path == "stray-\\xff"
     str(errors[0]).encode("utf-8")  # printable anywhere: no surrogate left in the message
 
@@ -434,5 +431,5 @@ def test_an_unreadable_part_is_a_violation(bundle, monkeypatch):
 
     monkeypatch.setattr(digest, "sha256_file", failing)
     errors = check(bundle).errors
-    assert [type(e) for e in errors] == [UnreadableFile]
+    assert [type(e) for e in errors] == [err.UnreadableFile]
     assert P1 in str(errors[0]) and "Permission denied" in str(errors[0])
