@@ -16,6 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
+from resources.compute.local.jobstore import pid_alive
+
 SHM = Path("/dev/shm")
 #: Free space a run needs before it takes its files to memory (a full run writes well under it).
 ROOM = 4 << 30
@@ -32,21 +34,12 @@ def memory_root() -> Path | None:
     return SHM if usable and stat.f_bavail * stat.f_frsize >= ROOM else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep(root: Path) -> None:
-    """Remove the folders earlier runs of this user left under ``root`` (their pid is gone)."""
+    """Remove the folders earlier runs of this user left under ``root`` (their pid is gone, or
+    a zombie)."""
     for path in root.glob(f"{PREFIX}*"):
         pid = path.name.removeprefix(PREFIX)
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
 
