@@ -33,6 +33,7 @@ from tests.helpers.chain import (
     build_lineage_instance,
     label_samples,
 )
+from tests.helpers.compute import StagedSample, stage_digits
 from tests.helpers.timing import TIME_SCALE, limit
 
 if TYPE_CHECKING:
@@ -108,6 +109,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def labelled_samples(tmp_path_factory: pytest.TempPathFactory) -> LabelledSamples:
     """Healthy digits and wine jobs on one local Compute, labelled once per session."""
     return label_samples(tmp_path_factory.mktemp("samples"))
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> StagedSample:
+    """The digits sample's input and reference bundles, staged once per module that asks."""
+    return stage_digits(tmp_path_factory.mktemp("staged"))
 
 
 @pytest.fixture(scope="session")

@@ -6,32 +6,16 @@ import os
 import sys
 import time
 
-import pytest
-
 from pipeline.bundle.verify import verify
-from pipeline.defs.samples import stage_sample
-from resources.compute.client import JobSpec
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from resources.compute.local.jobstore import JobStore
 from tests.helpers.timing import limit
 
 
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    root = tmp_path_factory.mktemp("staged")
-    inp, ref = stage_sample("digits", root)
-    return inp, ref
-
-
-def _spec(digits, **kw) -> JobSpec:
-    inp, ref = digits
-    return JobSpec(input_url=str(inp.root), reference_url=str(ref.root), rows_per_part=300, **kw)
-
-
 def test_subprocess_executor_runs_the_job_in_another_process(tmp_path, digits):
     compute = LocalCompute(tmp_path, executor="subprocess")
-    job = compute.submit(_spec(digits, faults=FaultSpec(delay_seconds=0.5)))
+    job = compute.submit(digits.spec(faults=FaultSpec(delay_seconds=0.5)))
     assert compute.status(job).state in ("QUEUED", "RUNNING")
     deadline = time.monotonic() + limit(180)
     while (st := compute.status(job)).state in ("QUEUED", "RUNNING"):
@@ -48,7 +32,7 @@ def test_subprocess_executor_runs_the_job_in_another_process(tmp_path, digits):
 
 def test_a_killed_worker_is_reported_failed(tmp_path, digits):
     compute = LocalCompute(tmp_path, executor="subprocess", python=sys.executable)
-    job = compute.submit(_spec(digits, faults=FaultSpec(delay_seconds=30)))
+    job = compute.submit(digits.spec(faults=FaultSpec(delay_seconds=30)))
     deadline = time.monotonic() + limit(120)
     while (rec := JobStore(tmp_path).load(job)).current.state != "RUNNING":
         assert time.monotonic() < deadline

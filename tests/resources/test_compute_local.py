@@ -12,31 +12,18 @@ import pytest
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.verify import verify
-from pipeline.defs.samples import load, stage_sample
+from pipeline.defs.samples import load
 from resources.compute.client import (
     ComputeError,
     ComputeUnavailable,
     InvalidJobId,
     InvalidResubmission,
-    JobSpec,
     UnknownJob,
 )
 from resources.compute.faults import FaultSpec, lost_items
 from resources.compute.local import LocalCompute
 from resources.compute.local.worker import main as worker_main
 from resources.compute.local.worker import results_dir, run_attempt
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    root = tmp_path_factory.mktemp("staged")
-    inp, ref = stage_sample("digits", root)
-    return inp, ref
-
-
-def _spec(digits, **kw) -> JobSpec:
-    inp, ref = digits
-    return JobSpec(input_url=str(inp.root), reference_url=str(ref.root), rows_per_part=300, **kw)
 
 
 def _ids(snapshot) -> list[str]:
@@ -53,7 +40,7 @@ def _table(snapshot) -> pa.Table:
 def test_submit_labels_every_item_for_real(tmp_path, digits):
     inp, ref = digits
     compute = LocalCompute(tmp_path / "compute", executor="inline")
-    job = compute.submit(_spec(digits))
+    job = compute.submit(digits.spec())
     st = compute.status(job)
     assert st.state == "SUCCEEDED" and st.attempt == 1 and st.running_attempt is None
     assert st.versions == [st.latest_version_id] and st.outstanding == 0
@@ -91,21 +78,21 @@ def test_submit_labels_every_item_for_real(tmp_path, digits):
 
 def test_submit_is_idempotent_per_key_and_per_job_id(tmp_path, digits):
     compute = LocalCompute(tmp_path, executor="inline")
-    a = compute.submit(_spec(digits, idempotency_key="once"))
-    b = compute.submit(_spec(digits, idempotency_key="once"))
+    a = compute.submit(digits.spec(idempotency_key="once"))
+    b = compute.submit(digits.spec(idempotency_key="once"))
     assert a == b and compute.list_jobs() == [a]
     assert compute.status(a).versions == compute.status(b).versions  # one run, one version
-    c = compute.submit(_spec(digits, job_id="named"))
-    assert compute.submit(_spec(digits, job_id="named")) == c == "named"
+    c = compute.submit(digits.spec(job_id="named"))
+    assert compute.submit(digits.spec(job_id="named")) == c == "named"
     assert compute.list_jobs() == sorted([a, "named"])
     with pytest.raises(ComputeError, match="different spec"):
-        compute.submit(_spec(digits, job_id="named", k=3))
+        compute.submit(digits.spec(job_id="named", k=3))
 
 
 def test_partial_then_resubmit_publishes_a_newer_version_reusing_parts(tmp_path, digits):
     inp, _ = digits
     compute = LocalCompute(tmp_path, executor="inline")
-    job = compute.submit(_spec(digits, faults=FaultSpec(lose_fraction=0.3)))
+    job = compute.submit(digits.spec(faults=FaultSpec(lose_fraction=0.3)))
     st = compute.status(job)
     assert st.state == "PARTIAL" and st.outstanding == 540  # ceil(0.3 * 1797)
     first = verify(compute.manifest_url(job))
@@ -136,7 +123,7 @@ def test_partial_then_resubmit_publishes_a_newer_version_reusing_parts(tmp_path,
 
 def test_resubmit_with_the_same_key_starts_one_attempt(tmp_path, digits):
     compute = LocalCompute(tmp_path, executor="inline")
-    job = compute.submit(_spec(digits, faults=FaultSpec(lose_parts=2)))
+    job = compute.submit(digits.spec(faults=FaultSpec(lose_parts=2)))
     st = compute.status(job)
     assert st.state == "PARTIAL" and st.outstanding == 600  # two whole parts of 300
     v1 = st.latest_version_id
@@ -157,7 +144,7 @@ def test_resubmit_with_the_same_key_starts_one_attempt(tmp_path, digits):
 def test_every_resubmission_losing_items_stays_partial_with_growing_attempts(tmp_path, digits):
     compute = LocalCompute(tmp_path, executor="inline")
     faults = FaultSpec(lose_fraction=0.3, resubmit_lose_fraction=0.5)
-    job = compute.submit(_spec(digits, faults=faults))
+    job = compute.submit(digits.spec(faults=faults))
     outstanding = [compute.status(job).outstanding]
     for n in range(2, 5):
         st = compute.status(job)
@@ -177,7 +164,7 @@ def test_every_resubmission_losing_items_stays_partial_with_growing_attempts(tmp
 
 def test_injected_failure_fails_the_job_without_a_bundle(tmp_path, digits):
     compute = LocalCompute(tmp_path, executor="inline")
-    job = compute.submit(_spec(digits, faults=FaultSpec(fail=True)))
+    job = compute.submit(digits.spec(faults=FaultSpec(fail=True)))
     st = compute.status(job)
     assert st.state == "FAILED" and st.versions == [] and st.latest_manifest_url is None
     assert "injected failure" in st.message
@@ -188,7 +175,7 @@ def test_injected_failure_fails_the_job_without_a_bundle(tmp_path, digits):
 
 def test_a_bad_input_location_fails_the_job_naming_it(tmp_path, digits):
     compute = LocalCompute(tmp_path / "c", executor="inline")
-    job = compute.submit(_spec(digits).model_copy(update={"input_url": str(tmp_path / "nope")}))
+    job = compute.submit(digits.spec().model_copy(update={"input_url": str(tmp_path / "nope")}))
     st = compute.status(job)
     assert st.state == "FAILED" and "IncompleteBundle" in st.message and "nope" in st.message
 
@@ -196,7 +183,7 @@ def test_a_bad_input_location_fails_the_job_naming_it(tmp_path, digits):
 def test_transient_status_errors_are_counted_on_disk_across_clients(tmp_path, digits):
     one = LocalCompute(tmp_path, executor="inline")
     two = LocalCompute(tmp_path, executor="inline")
-    job = one.submit(_spec(digits, faults=FaultSpec(transient_status_errors=3)))
+    job = one.submit(digits.spec(faults=FaultSpec(transient_status_errors=3)))
     for client in (one, two, one):
         with pytest.raises(ComputeUnavailable, match="transient"):
             client.status(job)
@@ -207,7 +194,7 @@ def test_transient_status_errors_are_counted_on_disk_across_clients(tmp_path, di
 
 def test_per_item_failures_are_results_with_status_failed(tmp_path, digits):
     compute = LocalCompute(tmp_path / "compute", executor="inline")
-    job = compute.submit(_spec(digits, faults=FaultSpec(fail_item_fraction=0.05)))
+    job = compute.submit(digits.spec(faults=FaultSpec(fail_item_fraction=0.05)))
     st = compute.status(job)
     assert st.state == "SUCCEEDED"  # a failed item has a result; it is not outstanding
     snap = verify(compute.manifest_url(job))
