@@ -15,8 +15,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import traceback
 from pathlib import Path
 
@@ -27,11 +25,9 @@ from pipeline.training import REFERENCE_TRAINER, hash_checkpoint, load_trainer, 
 from pipeline.training.progress import COMMITTED
 from pipeline.training.runner import TrainSummary
 from tests.helpers import fit_once
-from tests.helpers.ports import free_port
 from tests.helpers.timing import limit, wait_until
+from tests.helpers.torchrun import run_torchrun
 from tests.helpers.training import BATCH, EPOCHS, N, classes_index, fit_config
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +136,8 @@ def test_a_killed_fit_resumes_from_its_last_cut_exactly_once(
 
 def _torchrun_fit(index, out: Path, progress: Path, style: str, every: int, env: dict, ranks: int):
     """The same fit under a real torchrun of ``ranks`` ranks (no restarts): its exit code."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(ranks),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
+    proc = run_torchrun(
+        ranks,
         "-m",
         "tests.helpers.fit_once",
         str(index.snapshot.root),
@@ -157,10 +145,8 @@ def _torchrun_fit(index, out: Path, progress: Path, style: str, every: int, env:
         str(progress),
         json.dumps(fit_config(style)),
         str(every),
-    ]
-    full = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=limit(300)
+        timeout=300,
+        env=env,
     )
     if proc.returncode and "SIGKILL" not in proc.stderr:
         print(proc.stderr[-3000:])

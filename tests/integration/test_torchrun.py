@@ -6,18 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.bundles import make_bundle
-from tests.helpers.ports import free_port
 from tests.helpers.timing import limit
+from tests.helpers.torchrun import run_torchrun
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "torchrun_coverage.py"
 RESUME_SCRIPT = Path(__file__).parents[1] / "helpers" / "torchrun_resume.py"
-ROOT = Path(__file__).resolve().parents[2]
 SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items, 7 uneven parts
 
 
@@ -35,26 +33,9 @@ def _shared_dirs(out: Path, pattern: str = "pid-*") -> set[str]:
 def _torchrun(
     bundle: Path, out: Path, *extra: str, timeout: float, script: Path = SCRIPT, ranks: int = 2
 ) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(ranks),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(script),
-        "--bundle",
-        str(bundle),
-        "--out",
-        str(out),
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    timeout = limit(timeout)
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_torchrun(
+        ranks, str(script), "--bundle", str(bundle), "--out", str(out), *extra, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
