@@ -38,16 +38,12 @@ EPOCH = 1
 STYLES = ("map", "iterable")
 
 
+#: Every phase's loaders read one order, the same batches, several batches a worker message.
+LOADER = {"batch_size": 16, "transfer_batches": 4, "seed": 7, "shuffle": True}
+
+
 def loader_for(index: Index, style: str, num_workers: int = 2):
-    return make_loader(
-        index,
-        style=style,
-        batch_size=16,
-        num_workers=num_workers,
-        transfer_batches=4,
-        seed=7,
-        shuffle=True,
-    )
+    return make_loader(index, style=style, num_workers=num_workers, **LOADER)
 
 
 def write_json(path: Path, data: object) -> None:
@@ -78,31 +74,38 @@ def stop(index: Index, out: Path, k: str, rank: int) -> None:
     threading.Event().wait()  # rank 0 is mid-epoch too when torchrun ends it
 
 
+def count_stopped(tally: Tally, index: Index, stopped: Path) -> None:
+    """Count in ``tally`` what a stopped rank delivered (trained on) before it was killed."""
+    before = json.loads(stopped.read_text())
+    tally.update({index.id_field: before["ids"], "lithi_status": before["status"]})
+
+
+def read_rest(loader, index: Index, tally: Tally) -> dict:
+    """Read the rest of the epoch into ``tally``: what was read, and the reconciliation of the
+    whole pass across ranks."""
+    resumed: list[str] = []
+    for batch in loader:
+        tally.update(batch)
+        resumed += batch[index.id_field]
+    report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
+    return {"resumed": resumed, "report": report.as_dict()}
+
+
 def resume(index: Index, out: Path, rank: int) -> None:
     summary: dict[str, dict] = {}
     for style in STYLES:
         loader = loader_for(index, style)
         loader.load_state_dict(json.loads((out / f"state-{style}-rank{rank}.json").read_text()))
         set_epoch(loader, EPOCH)
-        before = json.loads((out / f"stop-{style}-rank{rank}.json").read_text())
         tally = Tally(index.id_field, label=f"rank{rank}")
-        # what was trained on before the kill
-        tally.update({index.id_field: before["ids"], "lithi_status": before["status"]})
-        resumed: list[str] = []
-        for batch in loader:
-            tally.update(batch)
-            resumed += batch[index.id_field]
-        report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
+        count_stopped(tally, index, out / f"stop-{style}-rank{rank}.json")
+        summary[style] = read_rest(loader, index, tally)
         set_epoch(loader, EPOCH + 1)
         nxt = Tally(index.id_field, label=f"rank{rank}")
         for batch in loader:
             nxt.update(batch)
         next_report = reconcile_distributed(index.manifest, nxt.counts, ids=index.ids)
-        summary[style] = {
-            "resumed": resumed,
-            "report": report.as_dict(),
-            "next_epoch": next_report.as_dict(),
-        }
+        summary[style]["next_epoch"] = next_report.as_dict()
     write_json(out / f"resume-rank{rank}.json", summary)
 
 
@@ -117,14 +120,8 @@ def reshape(index: Index, out: Path, rank: int) -> None:
         tally = Tally(index.id_field, label=f"rank{rank}")
         if rank == 0:  # what every stopped rank trained on, counted once
             for p in sorted(out.glob(f"stop-{style}-rank*.json")):
-                before = json.loads(p.read_text())
-                tally.update({index.id_field: before["ids"], "lithi_status": before["status"]})
-        resumed: list[str] = []
-        for batch in loader:
-            tally.update(batch)
-            resumed += batch[index.id_field]
-        report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
-        summary[style] = {"resumed": resumed, "report": report.as_dict()}
+                count_stopped(tally, index, p)
+        summary[style] = read_rest(loader, index, tally)
     write_json(out / f"reshape-rank{rank}.json", summary)
 
 
