@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +21,8 @@ import pytest
 from pipeline.bundle.verify import verify
 from pipeline.defs.instance import PROJECT_YAML, prepare_instance
 from resources.compute.local import LocalCompute
-from resources.settings import REPO_ROOT
+from tests.helpers.at_once import run_at_once
 from tests.helpers.postgres import fresh_database, postgres_home
-from tests.helpers.timing import limit
 
 RUN_CHAIN = """
 import json, sys
@@ -77,20 +75,9 @@ def test_two_chain_runs_of_one_version_at_once(tmp_path, labelled_samples, insta
         "LITHI_NUM_WORKERS": "0",
         "LITHI_TRAINER_CONFIG": '{"auto_features": true, "epochs": 2}',
     }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RUN_CHAIN, job, version],
-            env=env,
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=limit(480)) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
-    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    procs = run_at_once([sys.executable, "-c", RUN_CHAIN, job, version], 2, env=env, timeout=480)
+    assert [p.returncode for p in procs] == [0, 0], [p.stderr[-2000:] for p in procs]
+    results = [json.loads(p.stdout.strip().splitlines()[-1]) for p in procs]
     assert all(r["ok"] for r in results) and results[0]["run"] != results[1]["run"]
     with dg.DagsterInstance.from_config(instance_env["DAGSTER_HOME"]) as instance:
         runs = instance.get_runs(filters=dg.RunsFilter(tags={"lithi/version_id": version}))

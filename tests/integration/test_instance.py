@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from pipeline.defs.instance import PROJECT_YAML, prepare_instance
-from resources.settings import REPO_ROOT
+from tests.helpers.at_once import run_at_once
 from tests.helpers.timing import limit
 
 
@@ -43,19 +43,8 @@ def test_a_home_with_its_own_dagster_yaml_keeps_it(tmp_path):
 def test_concurrent_entry_points_on_a_fresh_home_leave_it_healthy(tmp_path, round_):
     home = tmp_path / "home"
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pipeline.defs.instance"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for _ in range(6)
-    ]
-    outs = [p.communicate(timeout=limit(300)) for p in procs]
-    assert [p.returncode for p in procs] == [0] * 6, outs
+    procs = run_at_once([sys.executable, "-m", "pipeline.defs.instance"], 6, env=env, timeout=300)
+    assert [p.returncode for p in procs] == [0] * 6, [(p.stdout, p.stderr) for p in procs]
     opened = subprocess.run(
         [sys.executable, "-c", "import dagster as dg; dg.DagsterInstance.get().get_runs()"],
         env=env, capture_output=True, text=True, timeout=limit(120),
