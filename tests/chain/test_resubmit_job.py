@@ -28,21 +28,38 @@ class FlakyCompute(LocalCompute):
         return attempt
 
 
-class FlakyComputeResource(ComputeResource):
+class DownCompute(LocalCompute):
+    """Refuses every resubmission, as a Compute outage longer than the op's retries would."""
+
+    def resubmit(self, job_id, *, from_version_id, idempotency_key):
+        raise ComputeError("Compute is down for maintenance")
+
+
+class BrokenComputeResource(ComputeResource):
+    """The local Compute under ``root``, resubmitting as ``broken`` names (flaky or down)."""
+
+    broken: str
+
     def client(self) -> LocalCompute:
-        return FlakyCompute(self.root, "inline")
+        return {"flaky": FlakyCompute, "down": DownCompute}[self.broken](self.root, "inline")
+
+
+def _partial_wine(home) -> tuple[str, LocalCompute, str]:
+    """The wine sample labelled by an inline Compute under ``home``, 30% of its items lost: the
+    job, that Compute, and the PARTIAL version."""
+    job = sample_job(home, "wine", FaultSpec(lose_fraction=0.3))
+    compute = LocalCompute(home / "compute", "inline")
+    return job, compute, compute.status(job).latest_version_id
 
 
 def test_transient_error_is_retried_and_resubmits_once(tmp_path):
-    job = sample_job(tmp_path, "wine", FaultSpec(lose_fraction=0.3))
-    compute = LocalCompute(tmp_path / "compute", "inline")
-    v1 = compute.status(job).latest_version_id
+    job, compute, v1 = _partial_wine(tmp_path)
     FLAKY_CALLS.clear()
     with dg.instance_for_test() as instance:
         result = resubmit_job.execute_in_process(
             run_config=resubmit_run_config(job, v1),
             resources={
-                "compute": FlakyComputeResource(root=str(tmp_path / "compute")),
+                "compute": BrokenComputeResource(root=str(tmp_path / "compute"), broken="flaky"),
                 "bundle_store": BundleStoreResource(cache_dir=str(tmp_path / "cache")),
             },
             instance=instance,
@@ -59,24 +76,13 @@ def test_transient_error_is_retried_and_resubmits_once(tmp_path):
     assert result.output_for_node("resubmit_outstanding") == 2
 
 
-class DownCompute(LocalCompute):
-    """Refuses every resubmission, as a Compute outage longer than the op's retries would."""
-
-    def resubmit(self, job_id, *, from_version_id, idempotency_key):
-        raise ComputeError("Compute is down for maintenance")
-
-
-class DownComputeResource(ComputeResource):
-    def client(self) -> LocalCompute:
-        return DownCompute(self.root, "inline")
-
-
 def test_a_failed_resubmission_run_is_retried_by_the_sensor(tmp_path):
-    job = sample_job(tmp_path, "wine", FaultSpec(lose_fraction=0.3))
-    compute = LocalCompute(tmp_path / "compute", "inline")
-    v1 = compute.status(job).latest_version_id
+    job, compute, v1 = _partial_wine(tmp_path)
     healthy = chain_resources(tmp_path, job, base_delay_seconds=0)
-    down = {**healthy, "compute": DownComputeResource(root=str(tmp_path / "compute"))}
+    down = {
+        **healthy,
+        "compute": BrokenComputeResource(root=str(tmp_path / "compute"), broken="down"),
+    }
 
     def tick(instance, resources, cursor):
         with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
