@@ -58,12 +58,19 @@ fragment Entry on MetadataEntry {
 }
 """
 
-LATEST_METADATA = (
+#: An asset's newest ``$limit`` observations and materializations, with their metadata.
+EVENTS = (
     """
-query ($path: [String!]!) {
+query ($path: [String!]!, $limit: Int!) {
   assetOrError(assetKey: {path: $path}) {
     ... on Asset {
-      assetMaterializations(limit: 1) {
+      assetObservations(limit: $limit) {
+        runId
+        description
+        tags { key value }
+        metadataEntries { ...Entry }
+      }
+      assetMaterializations(limit: $limit) {
         runId
         metadataEntries { ...Entry }
       }
@@ -100,7 +107,7 @@ def _value(entry: dict[str, Any]) -> object:
 
 
 def _latest_metadata(graphql: Query, asset: str) -> tuple[str, dict[str, object]]:
-    data = graphql(LATEST_METADATA, path=[asset])["assetOrError"]
+    data = graphql(EVENTS, path=[asset], limit=1)["assetOrError"]
     assert "assetMaterializations" in data, f"{asset}: {data}"
     mats = data["assetMaterializations"]
     assert mats, f"{asset} has no materialization in the instance"
@@ -174,32 +181,9 @@ def test_the_run_carries_the_version_that_triggered_it(graphql, lineage_instance
     assert tags["lithi/trigger"] == "newer_manifest"
 
 
-HISTORY = (
-    """
-query ($path: [String!]!) {
-  assetOrError(assetKey: {path: $path}) {
-    ... on Asset {
-      assetObservations(limit: 20) {
-        runId
-        description
-        tags { key value }
-        metadataEntries { ...Entry }
-      }
-      assetMaterializations(limit: 20) {
-        runId
-        metadataEntries { ...Entry }
-      }
-    }
-  }
-}
-"""
-    + ENTRY
-)
-
-
 def _history(graphql: Query, asset: str, kind: str) -> list[dict[str, object]]:
     """An asset's observations or materializations, newest first, as {label: value} (+ runId)."""
-    events = graphql(HISTORY, path=[asset])["assetOrError"][kind]
+    events = graphql(EVENTS, path=[asset], limit=20)["assetOrError"][kind]
     return [
         {"runId": e["runId"], **{m["label"]: _value(m) for m in e["metadataEntries"]}}
         for e in events
