@@ -26,6 +26,7 @@ import torch
 from hypothesis import settings
 
 from pipeline.bundle import atomic
+from pipeline.readers import Index
 from tests.helpers import scratch
 from tests.helpers.chain import (
     LabelledSamples,
@@ -34,6 +35,7 @@ from tests.helpers.chain import (
     label_samples,
 )
 from tests.helpers.compute import StagedSample, stage_digits
+from tests.helpers.readers import uneven_index
 from tests.helpers.timing import TIME_SCALE, limit
 
 if TYPE_CHECKING:
@@ -109,6 +111,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def labelled_samples(tmp_path_factory: pytest.TempPathFactory) -> LabelledSamples:
     """Healthy digits and wine jobs on one local Compute, labelled once per session."""
     return label_samples(tmp_path_factory.mktemp("samples"))
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Index:
+    """The uneven bundle most reader tests read (``tests.helpers.readers.UNEVEN_SIZES``), staged
+    once per module that asks and does not index a bundle of its own."""
+    return uneven_index(tmp_path_factory.mktemp("uneven"))
 
 
 @pytest.fixture(scope="module")

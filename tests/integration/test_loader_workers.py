@@ -19,22 +19,10 @@ from pipeline.readers import (
 from tests.helpers.bundles import make_bundle
 from tests.helpers.resume import check_every_rank, cut_and_reshape, resume_index
 
-SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory) -> Index:
-    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("ds"), SIZES))
-
-
-@pytest.fixture(scope="module")
-def all_ids(index) -> list[str]:
-    return index.ids.to_pylist()
-
 
 @pytest.mark.parametrize("style", ["map", "iterable"])
 @pytest.mark.parametrize("world,workers", [(2, 2), (3, 3)])
-def test_real_dataloader_workers_exactly_once(index, all_ids, style, world, workers):
+def test_real_dataloader_workers_exactly_once(index, style, world, workers):
     got: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IdleOwnerWarning)
@@ -55,11 +43,11 @@ def test_real_dataloader_workers_exactly_once(index, all_ids, style, world, work
             for b in loader:
                 assert isinstance(b["item_id"], list)
                 got.extend(b["item_id"])
-    assert len(got) == len(all_ids) and sorted(got) == sorted(all_ids)
+    assert len(got) == len(index) and sorted(got) == sorted(index.ids.to_pylist())
 
 
 @pytest.mark.parametrize("style", ["map", "iterable"])
-def test_transfer_batches_yields_the_same_batches(index, all_ids, style):
+def test_transfer_batches_yields_the_same_batches(index, style):
     """What larger worker messages change, and only that (docs/readers.md says the same)."""
     kw = dict(style=style, batch_size=32, num_workers=2, rank=1, world_size=2, seed=4)
     plain = [tuple(b["item_id"]) for b in make_loader(index, transfer_batches=1, **kw)]

@@ -15,29 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.readers import Index, make_loader, set_epoch
+from pipeline.readers import set_epoch
 from pipeline.readers.partcache import PREFIX, sweep_stale
-from tests.helpers.bundles import make_bundle
+from tests.helpers.readers import (
+    UNEVEN_SIZES,
+    epoch_batches,
+    shared_parts_loader,
+)
 from tests.helpers.timing import limit
 
-SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory) -> Index:
-    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("pc"), SIZES))
-
-
-def _loader(index, **kw):
-    args = dict(style="map", batch_size=16, num_workers=2, seed=3, multiprocessing_context="fork")
-    args.update(kw)
-    return make_loader(index, **args)
-
-
-def _epoch(loader, epoch: int) -> list[tuple[str, ...]]:
-    set_epoch(loader, epoch)
-    return [tuple(b["item_id"]) for b in loader]
 
 
 _OUT = dict(cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
@@ -97,11 +84,11 @@ def test_a_killed_owners_directory_is_swept_by_the_next_one(index):
 
 
 def test_spawned_workers_share_too_and_never_own_the_directory(index):
-    loader = _loader(index, transfer_batches=4, multiprocessing_context="spawn")
-    private = _loader(index, transfer_batches=4, share_decoded=False)
-    assert _epoch(loader, 1) == _epoch(private, 1)
+    loader = shared_parts_loader(index, transfer_batches=4, multiprocessing_context="spawn")
+    private = shared_parts_loader(index, transfer_batches=4, share_decoded=False)
+    assert epoch_batches(loader, 1) == epoch_batches(private, 1)
     shared = loader.dataset.shared
-    assert shared.published() == list(range(len(SIZES)))
+    assert shared.published() == list(range(len(UNEVEN_SIZES)))
     path = Path(shared.path)
     set_epoch(loader, 2)  # persistent workers: shut them down by dropping the iterator
     loader.loader._iterator = None

@@ -9,14 +9,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import DataLoader
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import IncompleteBundle, NotVerified
 from pipeline.bundle.verify import verify
 from pipeline.readers import (
     IdleOwnerWarning,
-    Index,
     MapDataset,
     Owner,
     OwnerSampler,
@@ -26,14 +25,9 @@ from pipeline.readers import (
     confidence_weights,
     make_loader,
 )
+from pipeline.readers.index import Index
 from tests.helpers.bundles import make_bundle
-
-SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory) -> Index:
-    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("ds"), SIZES))
+from tests.helpers.readers import dealt_to_workers
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +41,8 @@ def _map_ids(index, world, workers, batch, seed, epoch, shuffle=True) -> list[st
     for r in range(world):
         sampler = OwnerSampler(index, rank=r, world_size=world, shuffle=shuffle, seed=seed)
         sampler.set_epoch(epoch)
-        per_worker: list[list[str]] = [[] for _ in range(max(workers, 1))]
-        for i, b in enumerate(BatchSampler(sampler, batch, drop_last=False)):
-            per_worker[i % max(workers, 1)].extend(ds.__getitems__(b)["item_id"])
-        out.extend(x for w in per_worker for x in w)
+        for dealt in dealt_to_workers(sampler, batch, workers):
+            out.extend(x for b in dealt for x in ds.__getitems__(b)["item_id"])
     return out
 
 

@@ -20,14 +20,12 @@ from pipeline.readers import Index, MapDataset, make_loader, partcache, set_epoc
 from pipeline.readers.partcache import PREFIX, SharedPartMismatch, SharedParts, sweep_stale
 from pipeline.readers.tensors import to_batch
 from tests.helpers.bundles import make_bundle, result_table, row_groups_of, stage_result
+from tests.helpers.readers import (
+    UNEVEN_SIZES,
+    epoch_batches,
+    shared_parts_loader,
+)
 from tests.helpers.timing import limit, wait_until
-
-SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items in 7 uneven parts
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory) -> Index:
-    return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("pc"), SIZES))
 
 
 def _count_decodes(monkeypatch, log: Path) -> None:
@@ -46,17 +44,6 @@ def _decodes(log: Path) -> list[int]:
     return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
 
 
-def _loader(index, **kw):
-    args = dict(style="map", batch_size=16, num_workers=2, seed=3, multiprocessing_context="fork")
-    args.update(kw)
-    return make_loader(index, **args)
-
-
-def _epoch(loader, epoch: int) -> list[tuple[str, ...]]:
-    set_epoch(loader, epoch)
-    return [tuple(b["item_id"]) for b in loader]
-
-
 @pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 2)])
 def test_each_part_is_decoded_once_per_rank_by_two_workers(
     index, tmp_path, monkeypatch, rank, world
@@ -64,11 +51,11 @@ def test_each_part_is_decoded_once_per_rank_by_two_workers(
     log = tmp_path / "decodes.txt"
     _count_decodes(monkeypatch, log)
     # 4 batches a message: each worker's first message touches every part of the share
-    loader = _loader(index, transfer_batches=4, rank=rank, world_size=world)
+    loader = shared_parts_loader(index, transfer_batches=4, rank=rank, world_size=world)
     parts = sorted({int(p) for p in index.locate(loader.sampler.positions())[0]})
-    first = _epoch(loader, 0)
+    first = epoch_batches(loader, 0)
     assert _decodes(log) == parts  # once each, whichever worker got there first
-    second = _epoch(loader, 1)  # warm: persistent workers map what was published
+    second = epoch_batches(loader, 1)  # warm: persistent workers map what was published
     assert _decodes(log) == parts
     assert sorted(x for b in first for x in b) == sorted(x for b in second for x in b)
     shared = loader.dataset.shared
@@ -78,18 +65,18 @@ def test_each_part_is_decoded_once_per_rank_by_two_workers(
 def test_fresh_workers_reuse_the_published_parts(index, tmp_path, monkeypatch):
     log = tmp_path / "decodes.txt"
     _count_decodes(monkeypatch, log)
-    loader = _loader(index, transfer_batches=4, persistent_workers=False)
-    _epoch(loader, 0)
-    _epoch(loader, 1)  # new worker processes: nothing decoded again
-    assert _decodes(log) == list(range(len(SIZES)))
+    loader = shared_parts_loader(index, transfer_batches=4, persistent_workers=False)
+    epoch_batches(loader, 0)
+    epoch_batches(loader, 1)  # new worker processes: nothing decoded again
+    assert _decodes(log) == list(range(len(UNEVEN_SIZES)))
 
 
 def test_shared_and_private_decoding_give_the_same_batches(index):
     for epoch in (0, 2):
-        shared = _loader(index, transfer_batches=4)
-        private = _loader(index, transfer_batches=4, share_decoded=False)
+        shared = shared_parts_loader(index, transfer_batches=4)
+        private = shared_parts_loader(index, transfer_batches=4, share_decoded=False)
         assert private.dataset.shared is None and shared.dataset.shared is not None
-        a, b = _epoch(shared, epoch), _epoch(private, epoch)
+        a, b = epoch_batches(shared, epoch), epoch_batches(private, epoch)
         assert a == b and sum(len(x) for x in a) == len(index)
 
 
@@ -97,7 +84,7 @@ def test_shared_and_private_decoding_give_the_same_batches(index):
 def grouped(tmp_path_factory) -> Index:
     """The same rows in parts of many row groups: a decoded part is kept as its row groups."""
     with row_groups_of(32):
-        snap = make_bundle(tmp_path_factory.mktemp("groups"), SIZES)
+        snap = make_bundle(tmp_path_factory.mktemp("groups"), UNEVEN_SIZES)
     assert pq.ParquetFile(snap.part_paths()[1]).num_row_groups == 10
     return Index.from_snapshot(snap)
 
@@ -127,7 +114,9 @@ def test_every_column_across_row_groups_equals_a_plain_read(
         )
     plain = pa.concat_tables(pq.read_table(p) for p in grouped.part_paths)
     kw = {} if workers else {"multiprocessing_context": None}
-    loader = _loader(grouped, num_workers=workers, share_decoded=share, batch_size=50, **kw)
+    loader = shared_parts_loader(
+        grouped, num_workers=workers, share_decoded=share, batch_size=50, **kw
+    )
     for epoch in (0, 1):
         set_epoch(loader, epoch)
         order = loader.sampler.positions()
@@ -158,7 +147,9 @@ def test_result_columns_read_dictionary_encoded_equal_a_plain_read(tmp_path):
     plain = pa.concat_tables(pq.read_table(p) for p in index.part_paths)
     for workers, share in ((0, False), (2, True)):
         kw = {} if workers else {"multiprocessing_context": None}
-        loader = _loader(index, num_workers=workers, share_decoded=share, batch_size=64, **kw)
+        loader = shared_parts_loader(
+            index, num_workers=workers, share_decoded=share, batch_size=64, **kw
+        )
         order = loader.sampler.positions()
         for k, batch in enumerate(loader):
             want = to_batch(plain.take(order[64 * k : 64 * (k + 1)]), index.schema)
@@ -179,7 +170,10 @@ def test_result_columns_read_dictionary_encoded_equal_a_plain_read(tmp_path):
 
 
 def test_opting_out_or_bounding_the_cache_creates_no_directory(index):
-    assert _loader(index, num_workers=0, multiprocessing_context=None).dataset.shared is None
+    assert (
+        shared_parts_loader(index, num_workers=0, multiprocessing_context=None).dataset.shared
+        is None
+    )
     assert MapDataset(index, share_decoded=False).shared is None
     assert MapDataset(index, max_cached_parts=2).shared is None  # bounded memory stays bounded
     assert MapDataset(index, max_cached_parts=2, share_decoded=True).shared is not None
@@ -190,12 +184,12 @@ def test_the_main_process_never_publishes(index, tmp_path, monkeypatch):
     _count_decodes(monkeypatch, log)
     ds = MapDataset(index)
     ds.__getitems__(list(range(len(index))))
-    assert ds.shared.published() == [] and _decodes(log) == list(range(len(SIZES)))
+    assert ds.shared.published() == [] and _decodes(log) == list(range(len(UNEVEN_SIZES)))
 
 
 def test_the_directory_goes_with_the_dataset(index):
-    loader = _loader(index, transfer_batches=4)
-    _epoch(loader, 0)
+    loader = shared_parts_loader(index, transfer_batches=4)
+    epoch_batches(loader, 0)
     path = Path(loader.dataset.shared.path)
     assert path.parent == Path(partcache.default_root()) and path.name.startswith(PREFIX)
     assert (path.stat().st_mode & 0o777) == 0o700

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler
 
 from pipeline.readers import split, stream
 from pipeline.readers.balance import balance
 from pipeline.readers.owner import Owner
 from pipeline.readers.sampler import OwnerSampler
+from tests.helpers.readers import dealt_to_workers
 
 worlds = st.integers(1, 40)
 items = st.integers(0, 3000)
@@ -56,10 +56,9 @@ def test_sampler_batches_and_worker_distribution_are_exactly_once(
     for r in range(world):
         sampler = OwnerSampler(n, rank=r, world_size=world, shuffle=True, seed=seed)
         sampler.set_epoch(epoch)
-        per_worker: list[list[int]] = [[] for _ in range(max(workers, 1))]
-        for i, b in enumerate(BatchSampler(sampler, batch, drop_last=False)):
-            # _MultiProcessingDataLoaderIter puts each index batch on exactly one worker queue
-            per_worker[i % max(workers, 1)].extend(b)
+        per_worker = [
+            [x for b in dealt for x in b] for dealt in dealt_to_workers(sampler, batch, workers)
+        ]
         assert sum(len(w) for w in per_worker) == len(sampler)
         seen.extend(x for w in per_worker for x in w)
     assert sorted(seen) == list(range(n))

@@ -38,11 +38,6 @@ from resources.settings import LithiEnv, SettingsError
 from tests.helpers.bundles import make_input, stage_result
 
 
-@pytest.fixture(scope="module")
-def index(tmp_path_factory) -> Index:
-    return Index.from_snapshot(make_input(tmp_path_factory.mktemp("dev") / "b", n=90))
-
-
 # -- the device -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("setting", "local_rank", "cuda", "count", "expected"),
@@ -115,6 +110,12 @@ def test_the_backend_follows_the_device(device, backend):
 
 
 # -- pinning and moving ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Index:
+    """90 input items: what the loaders of this section read."""
+    return Index.from_snapshot(make_input(tmp_path_factory.mktemp("dev") / "b", n=90))
+
+
 @pytest.mark.parametrize(("device", "pinned"), [("cpu", False), ("cuda:0", True)])
 def test_a_contexts_loader_pins_only_for_cuda(index, tmp_path, device, pinned):
     ctx = FitContext(
