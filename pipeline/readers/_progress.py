@@ -29,20 +29,14 @@ class Progress(ABC):
     """
 
     style: ClassVar[str]
+    #: What holds the epoch and its order: the sampler, or the iterable dataset.
+    reader: OwnerSampler | PartIterableDataset
+    #: The dataset the workers fetch from.
+    dataset: MapDataset | PartIterableDataset
 
     def __init__(self, totals: list[int]) -> None:
         self.totals = totals
         self.counts = [0] * len(totals)
-
-    @property
-    @abstractmethod
-    def reader(self) -> OwnerSampler | PartIterableDataset:
-        """What holds the epoch and its order: the sampler, or the iterable dataset."""
-
-    @property
-    @abstractmethod
-    def dataset(self) -> MapDataset | PartIterableDataset:
-        """The dataset the workers fetch from."""
 
     def advance(self, prefix: int, rows: int) -> None:
         """Count ``rows`` more rows delivered from ``prefix`` (a worker-owner, or 0)."""
@@ -135,11 +129,13 @@ class MapProgress(Progress):
     """A map-style epoch: a prefix of the :class:`OwnerSampler`'s order."""
 
     style = "map"
+    reader: OwnerSampler
+    dataset: MapDataset
 
     def __init__(self, sampler: OwnerSampler, dataset: MapDataset, drop_batch: int = 0) -> None:
         super().__init__([0])
-        self.sampler = sampler
-        self._dataset = dataset
+        self.sampler = self.reader = sampler
+        self.dataset = dataset
         self._drop_batch = drop_batch  # the inner batch size when drop_last, else 0
         self.refresh()
 
@@ -147,14 +143,6 @@ class MapProgress(Progress):
         n = len(self.sampler)
         self.totals = [n - (n % self._drop_batch if self._drop_batch else 0)]
         self.reset()
-
-    @property
-    def reader(self) -> OwnerSampler:
-        return self.sampler
-
-    @property
-    def dataset(self) -> MapDataset:
-        return self._dataset
 
     def state(self) -> int:
         return self.counts[0]
@@ -178,18 +166,12 @@ class IterableProgress(Progress):
     """An iterable epoch: a prefix of each worker-owner's stream, counted from the worker tags."""
 
     style = "iterable"
+    reader: PartIterableDataset
+    dataset: PartIterableDataset
 
     def __init__(self, dataset: PartIterableDataset) -> None:
         super().__init__(dataset.owner_rows())
-        self._dataset = dataset
-
-    @property
-    def reader(self) -> PartIterableDataset:
-        return self._dataset
-
-    @property
-    def dataset(self) -> PartIterableDataset:
-        return self._dataset
+        self.reader = self.dataset = dataset
 
     def refresh(self) -> None:
         self.totals = self.dataset.owner_rows()

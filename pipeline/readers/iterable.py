@@ -1,6 +1,6 @@
 """Stream whole parts to each (rank, worker) owner, batch by batch: :class:`PartIterableDataset`.
 
-The row order an owner streams is planned by :func:`pipeline.readers.stream.owner_stream` (whole
+The row order an owner streams is planned by :mod:`pipeline.readers.stream` (whole
 parts, then row groups and rows permuted when shuffling); this module reads that plan from the
 Parquet files, cuts it into batches and keeps the per-owner resume state, including the earlier
 legs of an epoch resumed at another shape (:mod:`pipeline.readers.reshard`). Batches are dicts
@@ -25,7 +25,7 @@ from pipeline.readers.index import Index, as_index
 from pipeline.readers.map_style import coded_columns
 from pipeline.readers.open_part import OpenPart, read_lanes
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
-from pipeline.readers.reshard import Leg, iterable_delivered, iterable_pool, legs_from_state
+from pipeline.readers.reshard import Leg, iterable_pool, legs_from_state
 from pipeline.readers.sampler import is_count, state_count
 from pipeline.readers.tensors import Batch, Wire, to_wire, wire_to_batch
 
@@ -150,15 +150,7 @@ class PartIterableDataset(IterableDataset):
             return None
         key = (self.epoch, self.legs)
         if self._pool is None or self._pool[0] != key:
-            units = iterable_pool(
-                self.index.part_rows,
-                OpenPart(self.index, []).group_rows,
-                self.legs,
-                shuffle=self.shuffle,
-                seed=self.seed,
-                epoch=self.epoch,
-                mix=self.mix,
-            )
+            _, units = self._legs_pool()
             self._pool = (key, units)
         return self._pool[1]
 
@@ -186,11 +178,11 @@ class PartIterableDataset(IterableDataset):
             owner.index,
             owner.count,
             max(owner.num_workers, 1),
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=self.epoch,
-            leg=len(self.legs),
+            self._order(),
         )
+
+    def _order(self) -> stream.LegOrder:
+        return stream.LegOrder(self.shuffle, self.seed, self.epoch, len(self.legs))
 
     def parts_for(self, owner: Owner) -> list[int]:
         """The parts ``owner`` streams this epoch, in streaming order."""
@@ -206,19 +198,8 @@ class PartIterableDataset(IterableDataset):
 
     def _plan(self, owner: Owner, start: int, files: OpenPart) -> Iterator[stream.Segment]:
         """``owner``'s stream this epoch from its row ``start`` on (the one order there is)."""
-        return stream.owner_stream(
-            self.index.part_rows,
-            files.group_rows,
-            owner.index,
-            owner.count,
-            max(owner.num_workers, 1),
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle,
-            start=start,
-            units=self._units(),
-            leg=len(self.legs),
-        )
+        key = self._order().key(owner.index)
+        return stream.owner_segments(self.units_for(owner), files.group_rows, key, start)
 
     # -- epochs and resuming --------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -283,15 +264,17 @@ class PartIterableDataset(IterableDataset):
         """Index positions this epoch's earlier legs delivered (every rank alike; none if none)."""
         if not self.legs:
             return np.zeros(0, dtype=np.int64)
-        return iterable_delivered(
-            self.index.part_rows,
-            OpenPart(self.index, []).group_rows,
-            self.legs,
-            self.index.part_offsets,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=self.epoch,
-            mix=self.mix,
+        return self._legs_pool(self.index.part_offsets)[0]
+
+    def _legs_pool(
+        self, part_offsets: np.ndarray | None = None
+    ) -> tuple[np.ndarray, list[stream.Unit]]:
+        order: dict[str, Any] = dict(
+            shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, mix=self.mix
+        )
+        group_rows = OpenPart(self.index, []).group_rows
+        return iterable_pool(
+            self.index.part_rows, group_rows, self.legs, **order, part_offsets=part_offsets
         )
 
     # -- streaming ------------------------------------------------------------------------

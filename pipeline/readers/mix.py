@@ -86,7 +86,7 @@ def lane_starts(lane_rows: Sequence[int], start: int) -> list[int]:
 
 
 def interleave(
-    lanes: list[Iterator[T]],
+    lanes: Sequence[Iterator[T]],
     firsts: Sequence[int],
     length: Callable[[T], int],
     piece: Callable[[T, int, int], T],
@@ -252,12 +252,22 @@ def lane_positions(
     part_offsets: Sequence[int] | np.ndarray,
     start: int = 0,
     stop: int | None = None,
+    group_rows: GroupRows | None = None,
+    key: tuple[int, ...] | None = None,
 ) -> np.ndarray:
-    """Index positions of the interleaved lanes' rows ``[start, stop)``, in stream order."""
+    """Index positions of the interleaved lanes' rows ``[start, stop)``, in stream order.
+
+    Whole parts in a lane are planned with ``group_rows`` and ``key``, as the reading owner
+    plans them; a single lane is the owner's plain stream.
+    """
     rows = [sum(u.rows for u in lane) for lane in lanes]
     firsts = lane_starts(rows, start)
     streams = [
-        _lane_arrays(lane, part_offsets, first) for lane, first in zip(lanes, firsts, strict=True)
+        (
+            int(part_offsets[seg.part]) + seg.first + seg.order()
+            for seg in unit_segments(lane, group_rows or _no_files, key, first)
+        )
+        for lane, first in zip(lanes, firsts, strict=True)
     ]
     chunks = interleave(streams, firsts, len, _slice, _merge)
     return first_rows(chunks, None if stop is None else stop - start)
@@ -270,13 +280,6 @@ def lane_segments(lane: Sequence[Unit], skip: int) -> Iterator[Segment]:
 
 def _no_files(part: int) -> Sequence[int]:
     raise AssertionError(f"a mixed unit of part {part} carries its segments")
-
-
-def _lane_arrays(
-    lane: Sequence[Unit], part_offsets: Sequence[int] | np.ndarray, skip: int
-) -> Iterator[np.ndarray]:
-    for seg in lane_segments(lane, skip):
-        yield int(part_offsets[seg.part]) + seg.first + seg.order()
 
 
 def _slice(a: np.ndarray, i: int, j: int) -> np.ndarray:

@@ -25,12 +25,12 @@ from pipeline.readers.mix import (
     owner_lanes,
     planned_parts,
 )
-from pipeline.readers.split import map_share, order_key
+from pipeline.readers.split import map_share
 from pipeline.readers.stream import (
     GroupRows,
+    LegOrder,
     Unit,
     owner_units,
-    stream_positions,
     unit_segments,
     whole_parts,
 )
@@ -137,86 +137,42 @@ def iterable_pool(
     seed: int,
     epoch: int,
     mix: bool = False,
-) -> list[Unit]:
-    """The units the legs left undelivered: what the next leg's owners split.
+    part_offsets: Sequence[int] | np.ndarray | None = None,
+) -> tuple[np.ndarray, list[Unit]]:
+    """``(delivered, pool)``: positions the legs delivered, and the units they left.
 
-    A unit an owner had not begun stays as it was (a whole part is planned again by its next
-    owner); the one it was reading becomes a tail holding the rest of its order. Row group
-    sizes are asked only for whole parts an owner had begun with a shuffle.
+    ``delivered`` lists each owner's prefix of its stream, owner by owner (empty unless
+    ``part_offsets`` is given: naming positions needs them). ``pool`` is what the next leg's
+    owners split: a unit an owner had not begun stays as it was (a whole part is planned again
+    by its next owner); the one it was reading becomes a tail holding the rest of its order. Row
+    group sizes are asked only for parts an owner had begun with a shuffle, or all when mixing.
     """
-    return _iterable_legs(part_rows, group_rows, legs, shuffle, seed, epoch, mix, None)[1]
-
-
-def iterable_delivered(
-    part_rows: Sequence[int],
-    group_rows: GroupRows,
-    legs: Sequence[Leg],
-    part_offsets: Sequence[int] | np.ndarray,
-    *,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    mix: bool = False,
-) -> np.ndarray:
-    """Index positions the legs delivered, owner by owner (each a prefix of its stream)."""
-    return _iterable_legs(part_rows, group_rows, legs, shuffle, seed, epoch, mix, part_offsets)[0]
-
-
-def _iterable_legs(
-    part_rows: Sequence[int],
-    group_rows: GroupRows,
-    legs: Sequence[Leg],
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    mix: bool,
-    part_offsets: Sequence[int] | np.ndarray | None,
-) -> tuple[np.ndarray, list[Unit]]:
-    if mix:
-        return _mixed_legs(part_rows, group_rows, legs, seed, epoch, part_offsets)
-    units = whole_parts(part_rows)
+    # Every owner streams lanes of units: one lane, planned with the owner's key, unmixed;
+    # several, interleaved, when mixing (their units carry their own order).
+    units = planned_parts(part_rows, group_rows, seed, epoch) if mix else whole_parts(part_rows)
     delivered: list[np.ndarray] = []
     for j, leg in enumerate(legs):
+        order = LegOrder(shuffle, seed, epoch, j)
         rest: list[Unit] = []
         for o in range(leg.owners):
-            mine = owner_units(
-                units, o, leg.owners, leg.workers, shuffle=shuffle, seed=seed, epoch=epoch, leg=j
-            )
-            k, total = leg.rows[o], sum(u.rows for u in mine)
-            if k > total:
-                raise ValueError(f"leg {j}: owner {o} delivered {k} rows of a stream of {total}")
-            key = order_key(seed, epoch, o, j) if shuffle else None
-            if part_offsets is not None and k:
-                segments = unit_segments(mine, group_rows, key)
-                delivered.append(stream_positions(segments, part_offsets, k))
-            rest.extend(_rest(mine, group_rows, key, k))
-        units = rest
-    return _concat(delivered), units
-
-
-def _mixed_legs(
-    part_rows: Sequence[int],
-    group_rows: GroupRows,
-    legs: Sequence[Leg],
-    seed: int,
-    epoch: int,
-    part_offsets: Sequence[int] | np.ndarray | None,
-) -> tuple[np.ndarray, list[Unit]]:
-    """:func:`_iterable_legs` for a mixed epoch: pieces of parts, each owner's in lanes."""
-    units = planned_parts(part_rows, group_rows, seed, epoch)
-    delivered: list[np.ndarray] = []
-    for j, leg in enumerate(legs):
-        rest: list[Unit] = []
-        for o in range(leg.owners):
-            lanes = owner_lanes(units, o, leg.owners, leg.workers, seed=seed, epoch=epoch, leg=j)
-            k, total = leg.rows[o], sum(u.rows for lane in lanes for u in lane)
-            if k > total:
-                raise ValueError(f"leg {j}: owner {o} delivered {k} rows of a stream of {total}")
-            if part_offsets is not None and k:
-                delivered.append(lane_positions(lanes, part_offsets, 0, k))
+            if mix:
+                lanes = owner_lanes(
+                    units, o, leg.owners, leg.workers, seed=seed, epoch=epoch, leg=j
+                )
+                key = None
+            else:
+                lanes = [owner_units(units, o, leg.owners, leg.workers, order)]
+                key = order.key(o)
             lane_rows = [sum(u.rows for u in lane) for lane in lanes]
+            k = leg.rows[o]
+            if k > sum(lane_rows):
+                raise ValueError(
+                    f"leg {j}: owner {o} delivered {k} rows of a stream of {sum(lane_rows)}"
+                )
+            if part_offsets is not None and k:
+                delivered.append(lane_positions(lanes, part_offsets, 0, k, group_rows, key))
             for lane, skip in zip(lanes, lane_starts(lane_rows, k), strict=True):
-                rest.extend(_rest(lane, group_rows, None, skip))
+                rest.extend(_rest(lane, group_rows, key, skip))
         units = rest
     return _concat(delivered), units
 

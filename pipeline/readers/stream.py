@@ -95,16 +95,22 @@ def whole_parts(part_rows: Sequence[int]) -> list[Unit]:
     return [Unit(p, int(r)) for p, r in enumerate(part_rows)]
 
 
+@dataclass(frozen=True)
+class LegOrder:
+    """How one leg of an epoch orders each owner's stream: shuffled or not, and from what."""
+
+    shuffle: bool
+    seed: int
+    epoch: int
+    leg: int = 0
+
+    def key(self, owner: int) -> tuple[int, ...] | None:
+        """What permutes ``owner``'s row groups and rows (None: stored order)."""
+        return order_key(self.seed, self.epoch, owner, self.leg) if self.shuffle else None
+
+
 def owner_units(
-    units: Sequence[Unit],
-    owner: int,
-    n_owners: int,
-    workers_per_rank: int = 1,
-    *,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    leg: int = 0,
+    units: Sequence[Unit], owner: int, n_owners: int, workers_per_rank: int, order: LegOrder
 ) -> list[Unit]:
     """The units owner ``owner`` of ``n_owners`` streams in this leg, in streaming order.
 
@@ -112,40 +118,41 @@ def owner_units(
     (:func:`~pipeline.readers.split.parts_by_owner`); a shuffle permutes their order only.
     """
     mine = parts_by_owner([u.rows for u in units], n_owners, workers_per_rank)[owner]
-    order = part_order(mine, shuffle=shuffle, seed=seed, epoch=epoch, owner=owner, leg=leg)
-    return [units[i] for i in order]
+    o = order
+    ranked = part_order(mine, shuffle=o.shuffle, seed=o.seed, epoch=o.epoch, owner=owner, leg=o.leg)
+    return [units[i] for i in ranked]
 
 
 def owner_stream(
-    part_rows: Sequence[int],
+    units: Sequence[Unit],
     group_rows: GroupRows,
     owner: int,
     n_owners: int,
-    workers_per_rank: int = 1,
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool,
+    workers_per_rank: int,
+    order: LegOrder,
     start: int = 0,
-    units: Sequence[Unit] | None = None,
-    leg: int = 0,
 ) -> Iterator[Segment]:
     """Owner ``owner``'s stream this leg, from its row ``start`` on, as segments in order.
 
-    ``units`` is what the leg splits: every whole part (the default, an epoch's first leg) or
-    what earlier legs left (:func:`pipeline.readers.reshard.iterable_pool`). What lies before
-    ``start`` is left out: whole units and row groups are not named at all, and the segment
-    holding ``start`` skips its delivered rows. The segments come lazily, so a reader opens
-    each part when the plan first needs it.
+    ``units`` is what the leg splits: every whole part (:func:`whole_parts`, an epoch's first
+    leg) or what earlier legs left (:func:`pipeline.readers.reshard.iterable_pool`).
     """
-    pool = whole_parts(part_rows) if units is None else units
-    mine = owner_units(
-        pool, owner, n_owners, workers_per_rank, shuffle=shuffle, seed=seed, epoch=epoch, leg=leg
-    )
+    mine = owner_units(units, owner, n_owners, workers_per_rank, order)
+    return owner_segments(mine, group_rows, order.key(owner), start)
+
+
+def owner_segments(
+    mine: Sequence[Unit], group_rows: GroupRows, key: tuple[int, ...] | None, start: int = 0
+) -> Iterator[Segment]:
+    """An owner's units (:func:`owner_units`) as segments, from its row ``start`` on.
+
+    What lies before ``start`` is left out: whole units and row groups are not named at all, and
+    the segment holding ``start`` skips its delivered rows. The segments come lazily, so a reader
+    opens each part when the plan first needs it.
+    """
     total = sum(u.rows for u in mine)
     if not 0 <= start <= total:
-        raise ValueError(f"resume point {start} is past the {total} rows owner {owner} streams")
-    key = order_key(seed, epoch, owner, leg) if shuffle else None
+        raise ValueError(f"resume point {start} is past the {total} rows this owner streams")
     return unit_segments(mine, group_rows, key, start)
 
 

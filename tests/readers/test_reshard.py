@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from pipeline.readers import mix, split, stream
 from pipeline.readers.reshard import (
     Leg,
-    iterable_delivered,
     iterable_pool,
     legs_from_state,
     map_pool,
@@ -66,16 +65,12 @@ def _streams(groups, units, leg, world, workers, *, shuffle, seed, epoch):
     return [
         stream.stream_positions(
             stream.owner_stream(
-                rows,
+                stream.whole_parts(rows) if units is None else units,
                 groups.__getitem__,
                 o,
                 world * w,
                 w,
-                seed=seed,
-                epoch=epoch,
-                shuffle=shuffle,
-                units=units,
-                leg=leg,
+                stream.LegOrder(shuffle, seed, epoch, leg),
             ),
             offsets,
         )
@@ -94,14 +89,13 @@ def test_an_iterable_epoch_resumed_at_any_shapes_is_read_exactly_once(
     frac = iter(cut)
     order = dict(shuffle=shuffle, seed=seed, epoch=epoch)
     for world, workers in chain[:-1]:
-        units = iterable_pool(rows, groups.__getitem__, legs, **order) if legs else None
+        units = iterable_pool(rows, groups.__getitem__, legs, **order)[1] if legs else None
         streams = _streams(groups, units, len(legs), world, workers, **order)
         counts = tuple(int(next(frac) * len(s)) for s in streams)
         delivered += [s[:k] for s, k in zip(streams, counts, strict=True)]
         legs.append(Leg(world, max(workers, 1), counts))
-    before = iterable_delivered(rows, groups.__getitem__, legs, offsets, **order)
+    before, units = iterable_pool(rows, groups.__getitem__, legs, part_offsets=offsets, **order)
     assert before.tolist() == np.concatenate([[], *delivered]).astype(np.int64).tolist()
-    units = iterable_pool(rows, groups.__getitem__, legs, **order)
     for u in units:  # the rest of a begun part stays with one owner, in its order
         assert u.rows == sum(s.rows - s.skip for s in u.tail) if u.tail else u.rows == rows[u.part]
     world, workers = chain[-1]
@@ -135,7 +129,7 @@ def test_a_mixed_iterable_epoch_resumed_at_any_shapes_is_read_exactly_once(
     delivered: list[np.ndarray] = []
     frac = iter(cut)
     for j, (world, workers) in enumerate(chain):
-        units = iterable_pool(rows, groups.__getitem__, legs, **order)
+        units = iterable_pool(rows, groups.__getitem__, legs, **order)[1]
         streams = _mixed_streams(units, j, world, workers, offsets, seed=seed, epoch=epoch)
         if j == 0:  # a first leg gives every rank a share of every part
             for p, n in enumerate(rows):
@@ -153,7 +147,7 @@ def test_a_mixed_iterable_epoch_resumed_at_any_shapes_is_read_exactly_once(
         counts = tuple(int(next(frac) * len(s)) for s in streams)
         delivered += [s[:k] for s, k in zip(streams, counts, strict=True)]
         legs.append(Leg(world, max(workers, 1), counts))
-        before = iterable_delivered(rows, groups.__getitem__, legs, offsets, **order)
+        before, _ = iterable_pool(rows, groups.__getitem__, legs, part_offsets=offsets, **order)
         assert sorted(before.tolist()) == sorted(np.concatenate([[], *delivered]).tolist())
     every = np.concatenate([[], *delivered]).astype(np.int64)
     assert sorted(every.tolist()) == list(range(sum(rows)))  # none twice, none lost

@@ -186,17 +186,9 @@ def _plan(groups, world, workers, seed, epoch, shuffle, owner, start=0, asked=No
             asked.append(p)
         return groups[p]
 
-    return stream.owner_stream(
-        [sum(g) for g in groups],
-        group_rows,
-        owner,
-        world * w,
-        w,
-        seed=seed,
-        epoch=epoch,
-        shuffle=shuffle,
-        start=start,
-    )
+    units = stream.whole_parts([sum(g) for g in groups])
+    order = stream.LegOrder(shuffle, seed, epoch)
+    return stream.owner_stream(units, group_rows, owner, world * w, w, order, start)
 
 
 def _offsets(groups) -> np.ndarray:
