@@ -76,4 +76,14 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
     )
 
 
-defs = build_definitions()
+def _load() -> dg.Definitions:
+    try:
+        return build_definitions()
+    except SettingsError as e:
+        # A bad setting is the user's to fix, not a bug: its one line, no traceback. SystemExit
+        # stops whatever is loading the location (a code server, `dagster definitions
+        # validate`) with that line on stderr and exit status 1.
+        raise SystemExit(f"lithi-train: {e}") from None
+
+
+defs = _load()

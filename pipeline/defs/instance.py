@@ -12,6 +12,7 @@ and run retries on), then opens the instance once, which creates or migrates its
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -43,10 +44,20 @@ def prepare_instance(home: str | os.PathLike[str] | None = None) -> Path:
     return path
 
 
+def check_settings() -> None:
+    """Load the code location as the daemon and the webserver will (every ``LITHI_*``
+    variable, the trainer and its config): a bad setting exits here with its one line
+    (:mod:`pipeline.defs.definitions`), before anything is started."""
+    importlib.import_module("pipeline.defs.definitions")  # imports torch and the chain
+
+
 def main() -> int:
-    """Prepare ``$DAGSTER_HOME``; one line on success, one line and exit 1 on failure."""
+    """Prepare ``$DAGSTER_HOME`` and check the settings; one line on success, one line and exit 1
+    on failure, so ``python -m pipeline.defs.instance && dagster-daemon run ...`` starts nothing
+    with a bad ``LITHI_*`` value."""
     try:
         path = prepare_instance()
+        check_settings()
     except (ValueError, OSError, filelock.Timeout) as e:
         print(f"pipeline.defs.instance: {e}", file=sys.stderr)
         return 1

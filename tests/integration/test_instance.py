@@ -51,3 +51,29 @@ def test_concurrent_entry_points_on_a_fresh_home_leave_it_healthy(tmp_path, roun
     )  # fmt: skip
     assert opened.returncode == 0, opened.stderr[-2000:]
     assert Path(home / "dagster.yaml").exists()
+
+
+BAD = {"LITHI_JOB_ID": "../x", "LITHI_WORLD_SIZE": "0", "LITHI_TRAINER_CONFIG": "{"}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_bad_setting_stops_every_entry_point_with_its_one_line(tmp_path, name):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), name: BAD[name]}
+    daemon = "python -m pipeline.defs.instance && dagster-daemon run -w workspace.yaml"
+    commands = {  # the README's commands, and Dagster's own loader of the location
+        "instance and daemon": ["bash", "-c", daemon.replace("python", sys.executable, 1)],
+        "validate": [str(Path(sys.executable).with_name("dagster")), "definitions", "validate",
+                     "-m", "pipeline.defs.definitions"],
+        "demo": [sys.executable, "-m", "pipeline.defs.demo"],
+    }  # fmt: skip
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    for what, argv in commands.items():
+        out = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=limit(180),
+            cwd=Path(__file__).resolve().parents[2],
+        )  # fmt: skip
+        assert out.returncode != 0, (what, out.stdout[-2000:])
+        said = [line for line in out.stderr.splitlines() if name in line]
+        assert len(said) == 1, (what, out.stderr[-3000:])
+        assert "Traceback" not in out.stderr and "Stack Trace" not in out.stderr, what
+        assert "dagster.daemon" not in out.stderr + out.stdout, what  # nothing was started
