@@ -49,7 +49,7 @@ def output_bundle(
     version = new_version_id("prediction")
     staged = stage(
         prediction_table,
-        store.staging_dir() / version,
+        store.staging_path(version),
         id_field=training_run.index.id_field,
         kind="prediction",
         version_id=version,

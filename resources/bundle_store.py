@@ -73,6 +73,7 @@ from pipeline.bundle.errors import (
     UnsafePath,
 )
 from pipeline.bundle.fingerprint import Fingerprint, matches
+from pipeline.bundle.leftovers import owned_name, sweep
 from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
@@ -569,6 +570,14 @@ class BundleStore:
         d = self.cache_dir / "staging"
         d.mkdir(parents=True, exist_ok=True)
         return d
+
+    def staging_path(self, version: str) -> Path:
+        """A fresh place under :meth:`staging_dir` to stage ``version`` for :meth:`publish`,
+        named after this process; what exited processes staged there and never published
+        (killed between staging and publishing, or while publishing) is removed first."""
+        d = self.staging_dir()
+        sweep(d, "staged")
+        return d / owned_name(version, "staged")
 
     def publish(self, staged: VerifiedSnapshot) -> VerifiedSnapshot:
         """Adopt a bundle just staged under :meth:`staging_dir` as cache objects; return its view.

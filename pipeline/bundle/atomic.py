@@ -10,9 +10,10 @@ import contextlib
 import ctypes
 import errno
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from pipeline.bundle.leftovers import work_name
 
 #: Whether :func:`fsync_file` and :func:`fsync_dir` reach the disk. Always on in the product.
 #: The test suite turns it off (``tests/conftest.py``) except for the crash tests: no other test
@@ -87,23 +88,6 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     os.rename(src, dst)
 
 
-#: The longest file name most filesystems take, in bytes (ext4, xfs, btrfs, tmpfs).
-NAME_MAX = 255
-
-
-def hidden_sibling(path: str | os.PathLike[str], tag: str) -> Path:
-    """A fresh hidden name beside ``path``, ``.<name>.<tag>-<12 hex>``, for work in progress.
-
-    ``<name>`` is cut (on a UTF-8 boundary) so the whole stays within :data:`NAME_MAX` bytes:
-    any name the filesystem takes for ``path`` has a work-in-progress sibling too.
-    """
-    path = Path(path)
-    suffix = f".{tag}-{secrets.token_hex(6)}"
-    room = NAME_MAX - 1 - len(suffix.encode())
-    name = path.name.encode()[:room].decode("utf-8", "ignore")
-    return path.with_name(f".{name}{suffix}")
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling of ``path`` to write; on success fsync it and rename it to
@@ -112,7 +96,7 @@ def atomic_path(path: str | os.PathLike[str], *, replace: bool = True) -> Iterat
     With ``replace=False`` the rename fails with ``FileExistsError`` if ``path`` already exists.
     """
     path = Path(path)
-    tmp = hidden_sibling(path, "tmp")
+    tmp = work_name(path, "tmp")
     try:
         yield tmp
         fsync_file(tmp)

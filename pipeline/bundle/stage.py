@@ -29,7 +29,6 @@ from pipeline.bundle.atomic import (
     READ_ONLY,
     atomic_write_text,
     fsync_dir,
-    hidden_sibling,
     make_parents,
     remove_created,
     rename_noreplace,
@@ -46,6 +45,7 @@ from pipeline.bundle.errors import (
     problem,
 )
 from pipeline.bundle.fingerprint import Fingerprint, trust_recorded
+from pipeline.bundle.leftovers import sweep, work_name
 from pipeline.bundle.manifest import (
     Counts,
     FileEntry,
@@ -140,7 +140,8 @@ def stage(
     target = declared.to_arrow()
 
     created = make_parents(dest.parent)
-    tmp = hidden_sibling(dest, "staging")
+    sweep(dest.parent, "staging")  # what killed stagings left here
+    tmp = work_name(dest, "staging")
     # Files this call wrote and hashed: verified below without hashing them a second time.
     hashed: dict[str, Fingerprint] = {}
     try:

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from datetime import UTC
 from pathlib import Path
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.bundle import format as fmt
+from pipeline.bundle import leftovers
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.bundle.errors import (
     BundleExists,
@@ -516,3 +518,32 @@ def test_source_types_become_their_v1_type(tmp_path, column, declared):
     assert snap.manifest.schema_.field("c").type == declared
     got = pq.read_table(snap.part_paths()[0]).column("c")
     assert got.to_pylist() == column.cast(fmt.to_arrow(declared)).to_pylist()
+
+
+def _exited_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                           capture_output=True, text=True)  # fmt: skip
+    return int(child.stdout)
+
+
+def test_the_next_staging_sweeps_what_exited_stagings_left_and_nothing_else(tmp_path):
+    host = leftovers.owner().split("-")[1]
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        names = {
+            "dead": f".b.staging-{_exited_pid()}-{host}-0123456789ab",
+            "live": f".b.staging-{alive.pid}-{host}-0123456789ab",
+            "other host": f".b.staging-{_exited_pid()}-00000000-0123456789ab",
+            "no owner": ".b.staging-0123456789ab",  # named before owners were
+            "a bundle": "b-old",
+        }
+        for name in names.values():
+            (tmp_path / name / "parts").mkdir(parents=True)
+        (tmp_path / names["dead"] / "parts" / "part-00000.parquet").write_bytes(b"x")
+        os.chmod(tmp_path / names["dead"] / "parts", 0o555)  # as a killed staging leaves it
+        make_input(tmp_path / "b")
+        left = {p.name for p in tmp_path.iterdir()}
+        assert left == {"b", *names.values()} - {names["dead"]}
+    finally:
+        alive.kill()
+        alive.wait()

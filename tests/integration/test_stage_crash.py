@@ -117,3 +117,8 @@ def test_sigkill_at_random_points_never_leaves_a_bad_bundle(tmp_path, table):
     print(f"kills by stage reached: {dict(seen)}")
     # The kills really landed mid-staging (otherwise this test proves nothing).
     assert seen["parts only"] >= 1, seen
+    # The next staging into the same place sweeps what the killed ones left.
+    for i in range(KILLS):
+        parent = tmp_path / f"run{i:02d}"
+        stage(table.slice(0, 10), parent / "again", id_field="id", kind="input")
+        assert sorted(p.name for p in parent.iterdir()) in (["again"], ["again", "bundle"])
