@@ -13,9 +13,10 @@ Files arrive in parallel, each streamed in reads of ``chunk_bytes`` (memory stay
 workers x chunk, whatever the part sizes) into ``incoming/<sha256>``, a name the cache never
 trusts; only a file whose size and sha256 match the manifest is renamed into ``objects/``. A fetch
 that dies mid-file leaves its partial file there, and the next fetch continues it from where it
-stopped with a ranged read (the whole file is hashed once complete, so a stale or damaged prefix
-is caught and the file is fetched once more from the start); a file whose bytes do not match is
-refused by name.
+stopped with a ranged read (each file is hashed as it is written, a kept prefix read back from
+the disk first, so a stale or damaged prefix is caught and the file is fetched once more from the
+start); a file whose bytes do not match is refused by name, and one that does is flushed to the
+disk before it is renamed.
 
 Any number of processes may fetch into one cache at once. Objects are content-addressed and
 arrive by an atomic rename that never replaces, so racing downloads of one file are harmless; a
@@ -63,7 +64,13 @@ from pipeline.bundle.atomic import (
     is_read_only,
     rename_noreplace,
 )
-from pipeline.bundle.digest import cpu_count, sha256_buffers, sha256_bytes, sha256_file
+from pipeline.bundle.digest import (
+    Sha256Stream,
+    cpu_count,
+    sha256_buffers,
+    sha256_bytes,
+    sha256_file,
+)
 from pipeline.bundle.errors import (
     BundleError,
     BundleExists,
@@ -78,7 +85,10 @@ from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
-_IOV_MAX = 1024  # the most buffers one writev takes on Linux
+#: The most one ``write`` of a download hands the kernel: a larger write is backed by larger
+#: page-cache folios, and allocating those cost more system time than the calls saved
+#: (``bench/s3.py``: see docs/performance.md).
+_WRITE_BYTES = 128 * 1024
 
 #: One read of a download: what each worker holds in memory at a time.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
@@ -87,7 +97,7 @@ DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 def default_remote_workers() -> int:
     """Downloads in flight from a remote store: two per core this process may use, 4 to 16.
 
-    A transfer mostly waits on the network, then its file is hashed on a core; more transfers
+    A transfer mostly waits on the network, hashing each chunk as it arrives; more transfers
     than that only make the hashing threads take turns (``bench/s3.py --workers`` compares).
     Memory stays bounded by this many chunks.
     """
@@ -398,9 +408,11 @@ class BundleStore:
         """Bring one bound file into ``objects/``: ``(bytes transferred, bytes resumed)``.
 
         The partial file ``incoming/<sha256>`` survives an interruption (a killed process, a
-        dropped connection) and is continued by the next fetch from its length; once complete
-        it is hashed whole. A resumed file that does not match is fetched once more from the
-        start (its prefix may be what was stale); a fresh one that does not match is refused.
+        dropped connection) and is continued by the next fetch from its length: its prefix is
+        hashed from the disk, the rest as it is written, so a complete file is never read back.
+        A resumed file that does not match is fetched once more from the start (its prefix may
+        be what was stale); a fresh one that does not match is refused. Only a file that
+        matches is flushed, made read-only, renamed into ``objects/`` and recorded.
         """
         where = _join(url, entry.path)
         with self._object_lock(entry.sha256):
@@ -413,9 +425,14 @@ class BundleStore:
                 if kept > entry.bytes:  # cannot be a prefix of this file
                     _remove(partial)
                     kept = 0
-                if kept < entry.bytes:  # else it arrived whole and died before the rename
-                    sent += self._transfer(fs, remote, partial, kept, entry, where)
-                digest = sha256_file(partial)
+                # Hashed as written, each piece while it is still in the CPU's cache, so no
+                # complete file is read back: only a kept prefix is, from the disk, first.
+                h = Sha256Stream()
+                if kept:
+                    h.update_file(partial)
+                if kept < entry.bytes or kept == 0:  # else it arrived whole, died before rename
+                    sent += self._transfer(fs, remote, partial, kept, entry, where, h)
+                digest = h.hexdigest()
                 if digest == entry.sha256:
                     break
                 _remove(partial)  # the next round starts from nothing: it cannot loop twice
@@ -425,6 +442,7 @@ class BundleStore:
                         f"{digest}; nothing was kept",
                         path=entry.path,
                     )
+            fsync_file(partial)  # durable before the cache trusts it
             os.chmod(partial, READ_ONLY)
             obj = self.object_path(entry.sha256)
             try:
@@ -446,8 +464,10 @@ class BundleStore:
         start: int,
         entry: FileEntry,
         where: str,
+        h: Sha256Stream,
     ) -> int:
-        """Append the remote file's bytes from ``start`` to ``partial``; return bytes sent."""
+        """Append the remote file's bytes from ``start`` to ``partial``, feeding each chunk to
+        ``h`` as it is written; return bytes sent."""
         pos = start
         # A resumed read starts past the first byte: ask the size first, so that an object
         # shorter than what arrived is refused here rather than as a range the store rejects.
@@ -464,7 +484,9 @@ class BundleStore:
                     pieces = src.read(min(self.chunk_bytes, entry.bytes - pos))
                     if not pieces:
                         break
-                    pos += _write_all(fd, pieces)
+                    for piece in pieces:  # hashed just after it is written: still in cache
+                        pos += _write_all(fd, piece)
+                        h.update(piece)
             finally:
                 os.close(fd)
         if pos != entry.bytes:
@@ -474,7 +496,6 @@ class BundleStore:
                 "nothing was kept",
                 path=entry.path,
             )
-        fsync_file(partial)
         return pos - start
 
     def _materialize(self, manifest: Manifest, raw: bytes) -> Path:
@@ -766,11 +787,11 @@ class _Bound:
 
 class _RemoteFile:
     """A remote file read from an offset: its whole size, and ``read(n)``: up to ``n`` bytes as
-    the pieces they arrived in (written with one ``writev``, never joined into a copy)."""
+    the pieces they arrived in (each written and hashed as it is, never joined into a copy)."""
 
     size: int
 
-    def read(self, n: int) -> list[bytes]:
+    def read(self, n: int) -> list[bytes | memoryview]:
         raise NotImplementedError
 
 
@@ -792,17 +813,18 @@ class _S3Stream(_RemoteFile):
         else:
             self.size = int(response["ContentLength"])
 
-    def read(self, n: int) -> list[bytes]:
+    def read(self, n: int) -> list[bytes | memoryview]:
         return sync(self._loop, _read_up_to, self._body, n)
 
     def close(self) -> None:
         self._body.close()
 
 
-async def _read_up_to(body, n: int) -> list[bytes]:
+async def _read_up_to(body, n: int) -> list[bytes | memoryview]:
     """Up to ``n`` bytes of a response body, fewer only at its end (one hop to the event loop
     per chunk, not per network read)."""
-    pieces, got = [], 0
+    pieces: list[bytes | memoryview] = []
+    got = 0
     while got < n:
         piece = await body.read(n - got)
         if not piece:
@@ -822,7 +844,7 @@ class _FsspecFile(_RemoteFile):
         if start:
             self._f.seek(start)
 
-    def read(self, n: int) -> list[bytes]:
+    def read(self, n: int) -> list[bytes | memoryview]:
         data = self._f.read(n)
         return [data] if data else []
 
@@ -893,17 +915,12 @@ def _length(path: Path) -> int:
         return 0
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> int:
-    """Write every piece, in order, with as few system calls as the kernel allows."""
-    total = sum(len(p) for p in pieces)
-    views = [memoryview(p) for p in pieces]
-    while views:
-        n = os.writev(fd, views[:_IOV_MAX])
-        while views and n >= len(views[0]):
-            n -= len(views.pop(0))
-        if views and n:
-            views[0] = views[0][n:]
-    return total
+def _write_all(fd: int, data: bytes | memoryview) -> int:
+    """Write all of ``data``, at most ``_WRITE_BYTES`` per system call."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[:_WRITE_BYTES]) :]
+    return len(data)
 
 
 def _remove(path: Path) -> None:

@@ -45,19 +45,37 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+class Sha256Stream:
+    """The sha256 of bytes fed as they arrive (a download), counted in :func:`file_bytes_hashed`
+    like a file's: a file hashed while it is written need not be read back to be checked."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._h.update(data)  # hashlib releases the GIL for large updates
+        _count(len(data))
+
+    def update_file(
+        self, path: str | os.PathLike[str], on_bytes: Callable[[int], None] | None = None
+    ) -> None:
+        """Feed a whole file, read in large chunks into one buffer."""
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                self.update(view[:n])
+                if on_bytes is not None:
+                    on_bytes(n)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
 def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | None = None) -> str:
     """Return the lowercase hex sha256 of a file, reading it in large chunks into one buffer."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    total = 0
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])  # hashlib releases the GIL for large updates
-            total += n
-            if on_bytes is not None:
-                on_bytes(n)
-    _count(total)
+    h = Sha256Stream()
+    h.update_file(path, on_bytes=on_bytes)
     return h.hexdigest()
 
 

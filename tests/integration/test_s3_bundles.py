@@ -180,6 +180,22 @@ def test_a_download_killed_mid_part_leaves_nothing_trusted_and_is_resumed(tmp_pa
     assert list(store.incoming_dir.iterdir()) == []
 
 
+def test_a_partial_file_left_whole_is_checked_from_the_disk_not_fetched_again(tmp_path, s3, remote):
+    """A fetch killed after the last byte but before the rename: the file is hashed where it
+    lies; the right bytes are kept without a GET, wrong bytes of the right size come again."""
+    snap, url = remote
+    store = _store(tmp_path / "cache")
+    right, wrong = snap.manifest.parts[0], snap.manifest.parts[1]
+    (store.incoming_dir / right.sha256).write_bytes((snap.root / right.path).read_bytes())
+    (store.incoming_dir / wrong.sha256).write_bytes(b"x" * wrong.bytes)
+    got = store.fetch(url, credential_ref=REF)
+    total = sum(e.bytes for e in snap.manifest.bound_files)
+    assert got.bytes_resumed == right.bytes
+    assert got.bytes_downloaded == total - right.bytes
+    assert store.verify(got.path).identity == snap.identity
+    assert list(store.incoming_dir.iterdir()) == []
+
+
 def test_a_partial_file_with_wrong_bytes_is_fetched_again_from_the_start(tmp_path, s3, remote):
     snap, url = remote
     store = _store(tmp_path / "cache", chunk_bytes=256)
