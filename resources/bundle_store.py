@@ -43,7 +43,7 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -808,30 +808,54 @@ class _S3Stream(_RemoteFile):
             extra["Range"] = f"bytes={start}-"
         response = sync(self._loop, fs._call_s3, "get_object", Bucket=bucket, Key=key, **extra)
         self._body = response["Body"]
+        self._next_piece = _piece_reader(self._body)
+        self._rest = memoryview(b"")  # what the last piece held past the last read's end
         if start:  # "bytes 100-199/200": the object's size is after the slash
             self.size = int(response["ContentRange"].rpartition("/")[2])
         else:
             self.size = int(response["ContentLength"])
 
     def read(self, n: int) -> list[bytes | memoryview]:
-        return sync(self._loop, _read_up_to, self._body, n)
+        return sync(self._loop, self._read_up_to, n)
+
+    async def _read_up_to(self, n: int) -> list[bytes | memoryview]:
+        """Up to ``n`` bytes, fewer only at the body's end (one hop to the event loop per
+        chunk, not per network read); a piece that runs past ``n`` is cut, not copied."""
+        pieces: list[bytes | memoryview] = []
+        got = 0
+        while got < n:
+            piece = self._rest or memoryview(await self._next_piece())
+            if not piece:
+                break
+            piece, self._rest = piece[: n - got], piece[n - got :]
+            pieces.append(piece)
+            got += len(piece)
+        return pieces
 
     def close(self) -> None:
         self._body.close()
 
 
-async def _read_up_to(body, n: int) -> list[bytes | memoryview]:
-    """Up to ``n`` bytes of a response body, fewer only at its end (one hop to the event loop
-    per chunk, not per network read)."""
-    pieces: list[bytes | memoryview] = []
-    got = 0
-    while got < n:
-        piece = await body.read(n - got)
-        if not piece:
-            break
-        pieces.append(piece)
-        got += len(piece)
-    return pieces
+def _piece_reader(body) -> Callable[[], Awaitable[bytes]]:
+    """The next piece of a response body as the network delivered it, or ``b""`` at its end.
+
+    On aiohttp (s3fs's client) each piece is taken whole from the response's buffer: ``read(n)``
+    would join what is buffered into a new copy on the event loop every transfer shares, and
+    botocore's body would also CRC32 every byte there, a checksum it checks only at a read
+    past the end, which the fetch never makes (it reads exactly the manifest's size): every byte
+    is sha256-checked against the manifest instead.
+    """
+    content = getattr(getattr(body, "raw_stream", None), "content", None)
+    if content is None or not hasattr(content, "readchunk"):  # another HTTP client
+        return lambda: body.read(DEFAULT_CHUNK_BYTES)
+
+    async def next_piece() -> bytes:
+        while True:
+            data, _ = await content.readchunk()
+            if data or content.at_eof():  # (an empty piece ends an HTTP chunk, not the body)
+                return data
+
+    return next_piece
 
 
 class _FsspecFile(_RemoteFile):

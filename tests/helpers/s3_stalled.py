@@ -4,8 +4,8 @@
     python -m tests.helpers.s3_stalled upload BUNDLE_DIR URL
 
 ``fetch`` downloads the bundle at ``URL`` into ``CACHE_DIR`` in chunks of ``CHUNK_BYTES``; once
-the first chunk of ``PART`` is read (and so in its partial file), its response body hangs like a
-dead connection: the process prints ``STALLED`` and waits. ``upload`` publishes the local bundle
+the first chunk of ``PART`` is read (and so in its partial file), the next read of it hangs like
+a dead connection: the process prints ``STALLED`` and waits. ``upload`` publishes the local bundle
 to ``URL``; once one file has been written, every further write prints ``STALLED`` and never
 returns, so the manifest is never reached. The test reads the line, kills the process and looks
 at what the kill left behind. The store's endpoint and the credential come from the environment,
@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from pathlib import Path
 
 import s3fs
-from aiobotocore.response import AioStreamingBody
 
 from pipeline.bundle.verify import verify
+from resources import bundle_store
 from resources.bundle_store import BundleStore
 from resources.credentials import CredentialRegistry
 from tests.helpers.s3 import REF, SECRET_ENV
@@ -33,15 +34,25 @@ def _stalled() -> None:
 
 def fetch(url: str, cache: str, part: str, chunk_bytes: int) -> None:
     """Fetch ``url``, the response body of ``part`` hanging once one chunk of it was read."""
-    read = AioStreamingBody.read
+    opened, read = bundle_store._S3Stream.__init__, bundle_store._S3Stream.read
+    read_of_part: dict[int, int] = {}  # bytes read so far, by the id of the part's stream
 
-    async def hang_mid_part(self, amt=None):
-        if str(self._raw_stream.url).endswith(part) and self._amount_read >= chunk_bytes:
+    def note_part(self, fs, path, start):
+        opened(self, fs, path, start)
+        if path.endswith(part):
+            read_of_part[id(self)] = 0
+
+    def hang_mid_part(self, n):
+        if read_of_part.get(id(self), 0) >= chunk_bytes:
             _stalled()
-            await asyncio.Event().wait()  # a connection that hangs, until the test kills us
-        return await read(self, amt)
+            threading.Event().wait()  # a connection that hangs, until the test kills us
+        pieces = read(self, n)
+        if id(self) in read_of_part:
+            read_of_part[id(self)] += sum(len(p) for p in pieces)
+        return pieces
 
-    AioStreamingBody.read = hang_mid_part
+    bundle_store._S3Stream.__init__ = note_part
+    bundle_store._S3Stream.read = hang_mid_part
     store = BundleStore(cache, CredentialRegistry({REF: SECRET_ENV}), chunk_bytes=chunk_bytes)
     store.fetch(url, credential_ref=REF)
     raise SystemExit(f"{url}: the fetch finished; {part} was meant to stall")

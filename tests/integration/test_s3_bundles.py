@@ -180,6 +180,31 @@ def test_a_download_killed_mid_part_leaves_nothing_trusted_and_is_resumed(tmp_pa
     assert list(store.incoming_dir.iterdir()) == []
 
 
+@pytest.mark.durable  # the flushes run as in production
+def test_chunks_that_cut_network_pieces_arrive_whole_and_what_is_trusted_is_on_disk(tmp_path, s3):
+    snap = _big_bundle(tmp_path)
+    url = s3.upload_dir(snap.root, f"s3://{s3.new_bucket()}/bundles/big")
+    # An odd chunk size: nearly every chunk ends inside a piece the network delivered, whose
+    # rest begins the next chunk; each byte must still be written and hashed once, in order.
+    store = _store(tmp_path / "cache", chunk_bytes=100_003)
+    got = store.fetch(url, credential_ref=REF)
+    total = sum(e.bytes for e in snap.manifest.bound_files)
+    assert (got.bytes_downloaded, got.bytes_hashed) == (total, total)
+    for entry in snap.manifest.bound_files:  # the digest checked on arrival is the file's
+        obj = store.object_path(entry.sha256)
+        assert obj.stat().st_size == entry.bytes and sha256_file(obj) == entry.sha256
+    assert store.verify(got.path).identity == snap.identity
+
+    # The same store refuses a part whose bytes differ, at this chunk size too.
+    bad = snap.manifest.parts[0]
+    data = bytearray((snap.root / bad.path).read_bytes())
+    data[-1] ^= 0xFF  # the last byte: the end of the last chunk
+    s3.fs().pipe_file(_key(url, bad.path), bytes(data))
+    with pytest.raises(DigestMismatch) as e:
+        _store(tmp_path / "other", chunk_bytes=100_003).fetch(url, credential_ref=REF)
+    assert e.value.path == bad.path
+
+
 def test_a_partial_file_left_whole_is_checked_from_the_disk_not_fetched_again(tmp_path, s3, remote):
     """A fetch killed after the last byte but before the rename: the file is hashed where it
     lies; the right bytes are kept without a GET, wrong bytes of the right size come again."""
