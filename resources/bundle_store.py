@@ -63,6 +63,7 @@ from pipeline.bundle.atomic import (
     fsync_file,
     is_read_only,
     rename_noreplace,
+    start_writeback,
 )
 from pipeline.bundle.digest import (
     Sha256Stream,
@@ -484,9 +485,11 @@ class BundleStore:
                     pieces = src.read(min(self.chunk_bytes, entry.bytes - pos))
                     if not pieces:
                         break
+                    written = pos
                     for piece in pieces:  # hashed just after it is written: still in cache
                         pos += _write_all(fd, piece)
                         h.update(piece)
+                    start_writeback(fd, written, pos - written)  # the final fsync waits less
             finally:
                 os.close(fd)
         if pos != entry.bytes:

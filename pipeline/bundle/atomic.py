@@ -42,6 +42,15 @@ try:
 except (OSError, AttributeError):  # not glibc / not Linux
     _renameat2 = None
 
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Callable[[int, int, int, int], int] | None
+try:
+    _fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    _sync_file_range = _fn
+except (OSError, AttributeError):  # not glibc / not Linux
+    _sync_file_range = None
+
 
 def is_read_only(mode: int) -> bool:
     """Whether a file mode (an ``st_mode``) lets nobody write."""
@@ -68,6 +77,18 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing a range of an open file to the disk, without waiting.
+
+    Nothing is promised durable by it (only :func:`fsync_file` does that), but the fsync that
+    follows then waits for the last writes only, not for the whole file: a file written in
+    chunks reaches the disk while later chunks are still arriving (``bench/s3.py`` measures
+    it). A no-op where the call is missing (not Linux).
+    """
+    if DURABLE and _sync_file_range is not None:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # advisory: result unused
 
 
 def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:

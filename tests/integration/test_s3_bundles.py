@@ -180,7 +180,7 @@ def test_a_download_killed_mid_part_leaves_nothing_trusted_and_is_resumed(tmp_pa
     assert list(store.incoming_dir.iterdir()) == []
 
 
-@pytest.mark.durable  # the flushes run as in production
+@pytest.mark.durable  # fsync and the early writeback run as in production
 def test_chunks_that_cut_network_pieces_arrive_whole_and_what_is_trusted_is_on_disk(tmp_path, s3):
     snap = _big_bundle(tmp_path)
     url = s3.upload_dir(snap.root, f"s3://{s3.new_bucket()}/bundles/big")
