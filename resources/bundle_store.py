@@ -86,9 +86,9 @@ from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
-#: The most one ``write`` of a download hands the kernel: a larger write is backed by larger
-#: page-cache folios, and allocating those cost more system time than the calls saved
-#: (``bench/s3.py``: see docs/performance.md).
+#: The most one ``write`` of a download hands the kernel: writes of 1 MiB and more cost several
+#: times the system time per byte on the machine bench/s3.py was measured on (likely the larger
+#: page-cache folios backing them), far more than the extra calls (docs/performance.md).
 _WRITE_BYTES = 128 * 1024
 
 #: One read of a download: what each worker holds in memory at a time.
