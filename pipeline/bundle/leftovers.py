@@ -53,15 +53,18 @@ def owner_gone(name: str, tag: str) -> bool:
     if m is None or m["tag"] != tag or m["host"] != _HOST:
         return False
     pid = int(m["pid"])
-    if pid == os.getpid():
-        return False
+    return pid != os.getpid() and not pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists here (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: alive
         return False
-    return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def sweep(parent: str | os.PathLike[str], tag: str) -> list[str]:

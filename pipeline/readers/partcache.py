@@ -31,6 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from pipeline.bundle.leftovers import pid_alive
+
 try:  # POSIX only; without it every worker decodes for itself, as before
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux
@@ -84,7 +86,7 @@ def sweep_stale(root: str) -> list[str]:
             continue
         path = os.path.join(root, name)
         try:
-            if os.lstat(path).st_uid != uid or _alive(int(pid_text)):
+            if os.lstat(path).st_uid != uid or pid_alive(int(pid_text)):
                 continue
         except OSError:
             continue
@@ -98,16 +100,6 @@ def _pid_namespace() -> str:
         return os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]") or "0"
     except OSError:
         return "0"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def _remove(path: str, owner_pid: int) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import filelock
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from pipeline.bundle import leftovers
 from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.digest import sha256_bytes
 from resources.compute.client import (
@@ -182,12 +183,8 @@ class JobStore:
 
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (zombies of our own children count as exited)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not leftovers.pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie still answers kill(0); reap it if it is our child
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
