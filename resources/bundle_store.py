@@ -36,6 +36,7 @@ run's checkpoint and records).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -80,6 +81,7 @@ from pipeline.bundle.errors import (
     SizeMismatch,
     UnsafePath,
 )
+from pipeline.bundle.files import read_manifest_bytes, unsafe_paths
 from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.leftovers import owned_name, sweep
 from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
@@ -256,9 +258,15 @@ class BundleStore:
 
     @staticmethod
     def _manifest_bytes(fs: fsspec.AbstractFileSystem, root: str, url: str) -> bytes:
+        """The manifest's text: a local one opened as ``verify`` opens it (no symlink, no FIFO,
+        its size bounded before it is read), a remote one read no further than the limit."""
         try:
-            return fs.cat_file(posixpath.join(root, fmt.MANIFEST_NAME))
-        except (FileNotFoundError, IsADirectoryError):
+            if _is_local(fs):
+                return read_manifest_bytes(root)
+            return fs.cat_file(
+                posixpath.join(root, fmt.MANIFEST_NAME), start=0, end=fmt.MAX_MANIFEST_BYTES + 1
+            )
+        except (FileNotFoundError, IsADirectoryError, IncompleteBundle):
             raise IncompleteBundle(
                 f"{_join(url, fmt.MANIFEST_NAME)}: no manifest; the bundle is not complete, "
                 "so none of its files is read",
@@ -284,6 +292,10 @@ class BundleStore:
         except ValueError as e:
             where = _join(url, fmt.MANIFEST_NAME)
             raise UnsafePath(f"{where}: {e}", path=fmt.MANIFEST_NAME) from None
+        if _is_local(fs):  # what verify refuses by path or file type is never copied
+            unsafe = unsafe_paths(Path(root), manifest)
+            if unsafe:
+                raise unsafe[0]
         reused = hashed = 0
         # One fetcher per version at a time: the others wait, then find every object present
         # and the view current (nothing downloaded or hashed twice, no view rebuilt under them).
@@ -474,7 +486,7 @@ class BundleStore:
         # shorter than what arrived is refused here rather than as a range the store rejects.
         if start and (size := fs.size(remote)) != entry.bytes:
             raise _size_refused(partial, where, entry, size)
-        with _open_remote(fs, remote, start, self.chunk_bytes) as src:
+        with _open_remote(fs, remote, start, self.chunk_bytes, entry.path) as src:
             if src.size != entry.bytes:
                 raise _size_refused(partial, where, entry, src.size)
             # Unbuffered: every chunk written is in the file before the next one is read, so a
@@ -879,13 +891,55 @@ class _FsspecFile(_RemoteFile):
         self._f.close()
 
 
+class _LocalFile(_RemoteFile):
+    """A local file opened as ``verify`` opens one: no symlink followed, no blocking on a FIFO,
+    a regular file or refused (:class:`~pipeline.bundle.errors.UnsafePath`)."""
+
+    def __init__(self, path: str, start: int, rel: str):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath(
+                    f"{path}: is a symlink; bound files must be regular files inside the bundle",
+                    path=rel,
+                ) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise UnsafePath(
+                f"{path}: is not a regular file; bound files must be regular files inside the "
+                "bundle",
+                path=rel,
+            )
+        self._f = os.fdopen(fd, "rb", buffering=0)
+        self.size = st.st_size
+        if start:
+            self._f.seek(start)
+
+    def read(self, n: int) -> list[bytes | memoryview]:
+        data = self._f.read(n)
+        return [data] if data else []
+
+    def close(self) -> None:
+        self._f.close()
+
+
 @contextlib.contextmanager
 def _open_remote(
-    fs: fsspec.AbstractFileSystem, path: str, start: int, block: int
+    fs: fsspec.AbstractFileSystem, path: str, start: int, block: int, rel: str = ""
 ) -> Iterator[_RemoteFile]:
-    """Open ``path`` for reading from byte ``start`` (a streamed GET on S3, else fsspec)."""
+    """Open ``path`` for reading from byte ``start`` (a streamed GET on S3, a safe open of a
+    local file, else fsspec); ``rel`` names it in the bundle."""
     s3 = hasattr(fs, "_call_s3") and hasattr(fs, "split_path")  # s3fs, without importing it
-    f = _S3Stream(fs, path, start) if s3 else _FsspecFile(fs, path, start, block)
+    f: _RemoteFile
+    if s3:
+        f = _S3Stream(fs, path, start)
+    elif _is_local(fs):
+        f = _LocalFile(path, start, rel)
+    else:
+        f = _FsspecFile(fs, path, start, block)
     try:
         yield f
     finally:

@@ -58,6 +58,11 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     regular file, and is read only up to ``MAX_MANIFEST_BYTES`` (see
     :func:`~pipeline.bundle.manifest.parse_manifest`).
     """
+    return parse_manifest(read_manifest_bytes(root), path=str(Path(root) / fmt.MANIFEST_NAME))
+
+
+def read_manifest_bytes(root: str | os.PathLike[str]) -> bytes:
+    """The text of ``root``'s manifest, read as :func:`read_manifest` reads it (not parsed)."""
     root = Path(root)
     try:
         is_dir = stat.S_ISDIR(os.stat(root).st_mode)
@@ -103,7 +108,7 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
         ) from None
     finally:
         os.close(fd)
-    return parse_manifest(data, path=str(mpath))
+    return data
 
 
 def shown(name: str) -> str:
