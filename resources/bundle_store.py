@@ -891,11 +891,11 @@ class _FsspecFile(_RemoteFile):
         self._f.close()
 
 
-class _LocalFile(_RemoteFile):
+class _LocalFile(_FsspecFile):
     """A local file opened as ``verify`` opens one: no symlink followed, no blocking on a FIFO,
-    a regular file or refused (:class:`~pipeline.bundle.errors.UnsafePath`)."""
+    a regular file or refused (:class:`~pipeline.bundle.errors.UnsafePath`); read as any other."""
 
-    def __init__(self, path: str, start: int, rel: str):
+    def __init__(self, path: str, start: int, rel: str):  # opened here, not through fsspec
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
@@ -917,13 +917,6 @@ class _LocalFile(_RemoteFile):
         self.size = st.st_size
         if start:
             self._f.seek(start)
-
-    def read(self, n: int) -> list[bytes | memoryview]:
-        data = self._f.read(n)
-        return [data] if data else []
-
-    def close(self) -> None:
-        self._f.close()
 
 
 @contextlib.contextmanager
