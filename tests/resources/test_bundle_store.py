@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -210,3 +212,32 @@ def test_rebuild_after_resubmitting_5_percent_hashes_about_5_percent(tmp_path):
     assert snap.stats.bytes_hashed == 0
     share = (second.bytes_hashed + snap.stats.bytes_hashed) / snap.stats.bytes_total
     assert 0.02 < share < 0.08, share  # about 5% of the bytes, as for the items
+
+
+def _read_only(monkeypatch, root: Path) -> None:
+    """Make every write under ``root`` fail as on a read-only mount (EROFS), root or not."""
+    root_text = str(root)
+
+    def refuse(real, writes=lambda *a, **k: True):
+        def call(path, *args, **kwargs):
+            if str(path).startswith(root_text) and writes(path, *args, **kwargs):
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    monkeypatch.setattr(os, "open", refuse(os.open, lambda p, flags, *a, **k: flags & write_flags))
+    for name in ("mkdir", "link", "rename", "replace", "unlink", "rmdir", "chmod", "utime"):
+        monkeypatch.setattr(os, name, refuse(getattr(os, name)))
+
+
+def test_a_read_only_cache_serves_the_bundles_it_holds(tmp_path, bundle, monkeypatch):
+    store = BundleStore(tmp_path / "cache")
+    first = store.fetch(str(bundle.root))
+    _read_only(monkeypatch, tmp_path / "cache")
+    with pytest.raises(OSError, match="Read-only"):  # the simulation holds
+        os.open(tmp_path / "cache" / "locks" / "probe.lock", os.O_RDWR | os.O_CREAT)
+    again = BundleStore(tmp_path / "cache").fetch(str(bundle.root))
+    assert again.path == first.path and again.files_downloaded == 0
+    assert store.verify(again.path).stats.bytes_hashed == 0
