@@ -5,7 +5,8 @@ webserver, say) can both create its schema and leave ``alembic_version`` with tw
 instance that then fails on every open, for good. Every entry point (``make demo``, ``make ui``,
 the daemon command in the README) calls :func:`prepare_instance` first: under a file lock, it
 gives a ``DAGSTER_HOME`` without a ``dagster.yaml`` the project's (telemetry off, run monitoring
-and run retries on), then opens the instance once, which creates or migrates its storage.
+and run retries on), then opens the instance once, which creates or migrates its storage, and
+marks failed the runs a killed process left "started" (:func:`fail_orphaned_runs`).
 
     python -m pipeline.defs.instance          # prepares $DAGSTER_HOME
 """
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import dagster as dg
 import filelock
+
+from pipeline.bundle.leftovers import pid_alive
 
 #: The instance config a new DAGSTER_HOME gets; shipped inside the package, so an installed
 #: package prepares an instance as a checkout does.
@@ -41,7 +44,36 @@ def prepare_instance(home: str | os.PathLike[str] | None = None) -> Path:
             shutil.copyfile(PROJECT_YAML, config)
         with dg.DagsterInstance.from_config(str(path)) as instance:
             instance.get_runs(limit=1)  # the first open creates or migrates every storage
+            fail_orphaned_runs(instance)
     return path
+
+
+def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Mark failed the runs still "started" whose process is gone; return their ids.
+
+    A run started from the command line (``dagster asset materialize``, a script) and killed
+    never reports its end, and nothing else would: no run launcher watches it. Its process is
+    the one that recorded the run's start; when no such process runs on this machine any more,
+    the run is marked failed, saying so. Only an instance stored on this machine (SQLite) is
+    judged: a pid means nothing to an instance that other machines share (PostgreSQL), whose
+    launched runs Dagster's run monitoring watches.
+    """
+    if "sqlite" not in type(instance.run_storage).__name__.lower():
+        return []
+    statuses = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+    failed = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=statuses)):
+        starts = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_START)
+        pids = {e.dagster_event.pid for e in starts if e.dagster_event is not None}
+        if not pids or None in pids or any(pid_alive(p) for p in pids if p is not None):
+            continue  # not started by a process, or that process still runs
+        instance.report_run_failed(
+            run,
+            f"the process that ran it (pid {', '.join(map(str, sorted(pids)))}) is gone, killed "
+            "before the run could end: marked failed when the instance was next opened",
+        )
+        failed.append(run.run_id)
+    return failed
 
 
 def check_settings() -> None:

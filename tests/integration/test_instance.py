@@ -18,7 +18,7 @@ import yaml
 
 from pipeline.defs.instance import PROJECT_YAML, prepare_instance
 from tests.helpers.at_once import run_at_once
-from tests.helpers.timing import limit
+from tests.helpers.timing import limit, wait_until
 
 
 def test_a_home_without_dagster_yaml_gets_the_projects(tmp_path):
@@ -77,3 +77,61 @@ def test_a_bad_setting_stops_every_entry_point_with_its_one_line(tmp_path, name)
         assert len(said) == 1, (what, out.stderr[-3000:])
         assert "Traceback" not in out.stderr and "Stack Trace" not in out.stderr, what
         assert "dagster.daemon" not in out.stderr + out.stdout, what  # nothing was started
+
+
+SLOW_RUN = """
+import time
+import dagster as dg
+
+@dg.asset
+def slow() -> None:
+    time.sleep(600)
+
+dg.materialize([slow], instance=dg.DagsterInstance.get())
+"""
+
+
+def _started_run(env: dict, home: Path) -> tuple[subprocess.Popen, str]:
+    """A run of a slow asset started from a script, as the command line starts one."""
+    child = subprocess.Popen([sys.executable, "-c", SLOW_RUN], env=env)
+
+    def started() -> str | None:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            mine = [r.run_id for r in runs if r.run_id not in seen]
+        return mine[0] if mine else None
+
+    seen = _run_ids(home)
+    return child, wait_until(started, timeout=limit(120), what="the run's start")
+
+
+def _run_ids(home: Path) -> set[str]:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return {r.run_id for r in instance.get_runs()}
+
+
+def _status(home: Path, run_id: str) -> dg.DagsterRunStatus:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None
+        return run.status
+
+
+def test_a_killed_command_line_run_is_marked_failed_when_the_instance_is_next_opened(tmp_path):
+    home = prepare_instance(tmp_path / "home")
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    killed, killed_id = _started_run(env, home)
+    alive, alive_id = _started_run(env, home)
+    try:
+        killed.kill()
+        killed.wait()
+        assert _status(home, killed_id) == dg.DagsterRunStatus.STARTED  # nothing else notices
+        prepare_instance(home)  # what every entry point does first
+        assert _status(home, killed_id) == dg.DagsterRunStatus.FAILURE
+        assert _status(home, alive_id) == dg.DagsterRunStatus.STARTED  # its process still runs
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            failure = instance.all_logs(killed_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert "is gone, killed before the run could end" in failure[-1].message
+    finally:
+        alive.kill()
+        alive.wait()
