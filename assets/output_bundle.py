@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.manifest import InputRef
 from pipeline.bundle.stage import new_version_id, stage
@@ -18,11 +19,14 @@ from pipeline.training.record import (
     TrainedModel,
     write_record,
 )
+from resources.bundle_store import BundleStore
 from resources.dagster.artifacts import ArtifactStore
 from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource
 
 VERIFIES = "output_bundle_verifies"
+#: The version a run of this asset is about to publish, in its run folder.
+PUBLISHING = "publishing.txt"
 #: The training run's record, as published beside its checkpoint (``record.json`` is this asset's)
 TRAINING_RECORD = "training-record.json"
 
@@ -46,7 +50,10 @@ def output_bundle(
     training record, then this record, last)."""
     training = training_run.record
     store = bundle_store.store()
+    _retire_unrecorded(context, artifacts, store)
     version = new_version_id("prediction")
+    # said before anything is published, so the next run can tell if this one never recorded it
+    atomic_write_text(artifacts.directory(context) / PUBLISHING, version + "\n")
     staged = stage(
         prediction_table,
         store.staging_path(version),
@@ -149,3 +156,34 @@ def output_bundle_verifies(
             "bytes_hashed": stats.bytes_hashed if stats else 0,
         },
     )
+
+
+def _retire_unrecorded(
+    context: dg.AssetExecutionContext, artifacts: ArtifactStore, store: BundleStore
+) -> None:
+    """Retire what an earlier run published and never recorded (killed in between).
+
+    Each run says in its folder which version it is about to publish (:data:`PUBLISHING`). For
+    every other run of this asset that has ended without a materialization of it, that
+    version's view is removed from the cache; a run still going is left alone.
+    """
+    for said in sorted(artifacts.path(context.asset_key, "").glob(f"*/{PUBLISHING}")):
+        run_id = said.parent.name
+        if run_id == context.run.run_id:
+            continue
+        run = context.instance.get_run_by_id(run_id)
+        if run is not None and not run.is_finished:
+            continue  # still running: what it publishes may yet be recorded
+        events = context.instance.all_logs(
+            run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+        )
+        recorded = any(
+            e.dagster_event is not None and e.dagster_event.asset_key == context.asset_key
+            for e in events
+        )
+        version = said.read_text().strip()
+        if not recorded and store.retire(version):
+            context.log.warning(
+                f"retired {version}: run {run_id} published it and ended without recording it"
+            )
+        said.unlink()

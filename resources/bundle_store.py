@@ -649,6 +649,26 @@ class BundleStore:
             self._relinked(manifest)
         return self.verify(view)
 
+    def retire(self, version: str) -> bool:
+        """Remove the view of ``version``, if any (its objects stay: other views may share them).
+
+        For a bundle published and then never recorded (its step killed in between): no view
+        may outlive what refers to it. Returns whether there was a view to remove.
+        """
+        fmt.check_version_id(version)
+        view = self.bundles_dir / version
+        with self._version_lock(version):
+            try:
+                manifest = parse_manifest((view / fmt.MANIFEST_NAME).read_bytes())
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            stale = self.bundles_dir / f".{version}.stale-{secrets.token_hex(6)}"
+            os.rename(view, stale)
+            fsync_dir(self.bundles_dir)
+            shutil.rmtree(stale, ignore_errors=True)
+            self._relinked(manifest)  # the view's links are gone: its objects' ctimes moved
+        return True
+
     def _adopt_staged(self, root: Path, manifest: Manifest, raw: bytes) -> Path:
         """Move a staged bundle's files into the objects and materialise its view (locked)."""
         for entry in manifest.bound_files:

@@ -70,6 +70,8 @@ class BundleDirectory(ComputeClient):
         siblings: dict[str, list[tuple[str, Manifest]]] = {}
         for entry in fs.ls(parent, detail=False):
             path = entry.rstrip("/")
+            if posixpath.basename(path).startswith("."):
+                continue  # hidden: work in progress (a staging folder), never a bundle
             if path == root.rstrip("/") or not fs.isfile(posixpath.join(path, fmt.MANIFEST_NAME)):
                 continue  # the start itself, a file, or a bundle still being written
             url = fs.unstrip_protocol(path) if "://" in self.url else path

@@ -103,6 +103,9 @@ def test_the_sensor_rebuilds_when_a_newer_version_lands_beside_it(tmp_path, publ
         quiet = _tick(defs, instance, first.cursor)
         assert quiet.run_requests == [] and "already requested" in quiet.skip_message
         (published.parent / "half-written").mkdir()  # no manifest yet: not a version
+        hidden = _newer_version(published, "wine-v2-staging")  # staged, not yet renamed
+        hidden.rename(published.parent / ".wine-v2.staging-1-0123abcd-0123456789ab")
+        assert _tick(defs, instance, quiet.cursor).run_requests == []  # not a version either
         v2 = verify(_newer_version(published, "wine-v2")).identity.version_id
         second = _tick(defs, instance, quiet.cursor)
         assert [r.tags["lithi/version_id"] for r in second.run_requests] == [v2]
