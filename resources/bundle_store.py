@@ -362,11 +362,14 @@ class BundleStore:
         """Whether the object is still the file that was hashed when it entered the cache."""
         if self.rehash:
             return False
+        return matches(self.object_path(sha256), self._recorded(sha256))
+
+    def _recorded(self, sha256: str) -> Fingerprint | None:
+        """The fingerprint the ledger recorded for the object, if it holds a readable one."""
         try:
-            recorded = Fingerprint.from_dict(json.loads(self._ledger_path(sha256).read_text()))
+            return Fingerprint.from_dict(json.loads(self._ledger_path(sha256).read_text()))
         except (FileNotFoundError, ValueError):
-            return False
-        return matches(self.object_path(sha256), recorded)
+            return None
 
     def _have(self, entry: FileEntry) -> bool:
         try:
@@ -410,13 +413,11 @@ class BundleStore:
         for entry in manifest.bound_files:
             obj = self.object_path(entry.sha256)
             try:
-                recorded = Fingerprint.from_dict(
-                    json.loads(self._ledger_path(entry.sha256).read_text())
-                )
-                if recorded.differs_only_in_ctime(Fingerprint.of(obj)):
+                recorded = self._recorded(entry.sha256)
+                if recorded is not None and recorded.differs_only_in_ctime(Fingerprint.of(obj)):
                     self._record(entry.sha256, obj)
-            except (OSError, ValueError):
-                continue  # no ledger, or no object: nothing to carry over
+            except OSError:
+                continue  # no object, or an unreadable ledger: nothing to carry over
 
     def _download(
         self, fs: fsspec.AbstractFileSystem, remote: str, entry: FileEntry, url: str
@@ -535,9 +536,7 @@ class BundleStore:
             os.chmod(tmp / fmt.MANIFEST_NAME, READ_ONLY)
             fsync_dir(tmp / fmt.PARTS_DIR)
             if os.path.lexists(view):  # links objects since replaced (tampered): retire it
-                stale = self.bundles_dir / f".{version}.stale-{secrets.token_hex(6)}"
-                os.rename(view, stale)
-                shutil.rmtree(stale, ignore_errors=True)
+                self._remove_view(view)
             rename_noreplace(tmp, view)  # under the version lock nobody else publishes it
             fsync_dir(self.bundles_dir)
         except BaseException:
@@ -662,12 +661,16 @@ class BundleStore:
                 manifest = parse_manifest((view / fmt.MANIFEST_NAME).read_bytes())
             except (FileNotFoundError, NotADirectoryError):
                 return False
-            stale = self.bundles_dir / f".{version}.stale-{secrets.token_hex(6)}"
-            os.rename(view, stale)
+            self._remove_view(view)
             fsync_dir(self.bundles_dir)
-            shutil.rmtree(stale, ignore_errors=True)
             self._relinked(manifest)  # the view's links are gone: its objects' ctimes moved
         return True
+
+    def _remove_view(self, view: Path) -> None:
+        """Take ``view`` out of ``bundles/`` in one rename, then delete it (version lock held)."""
+        stale = self.bundles_dir / f".{view.name}.stale-{secrets.token_hex(6)}"
+        os.rename(view, stale)
+        shutil.rmtree(stale, ignore_errors=True)
 
     def _adopt_staged(self, root: Path, manifest: Manifest, raw: bytes) -> Path:
         """Move a staged bundle's files into the objects and materialise its view (locked)."""

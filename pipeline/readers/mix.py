@@ -36,6 +36,7 @@ from pipeline.readers.stream import (
     Unit,
     first_rows,
     row_group_order,
+    segment_positions,
     unit_segments,
 )
 
@@ -263,10 +264,7 @@ def lane_positions(
     rows = [sum(u.rows for u in lane) for lane in lanes]
     firsts = lane_starts(rows, start)
     streams = [
-        (
-            int(part_offsets[seg.part]) + seg.first + seg.order()
-            for seg in unit_segments(lane, group_rows or _no_files, key, first)
-        )
+        segment_positions(unit_segments(lane, group_rows or _no_files, key, first), part_offsets)
         for lane, first in zip(lanes, firsts, strict=True)
     ]
     chunks = interleave(streams, firsts, len, _slice, _merge)

@@ -210,9 +210,15 @@ def stream_positions(
 
     Stops drawing segments once ``stop`` rows are named, so a lazy plan reads no further.
     """
-    return first_rows(
-        (int(part_offsets[seg.part]) + seg.first + seg.order() for seg in segments), stop
-    )
+    return first_rows(segment_positions(segments, part_offsets), stop)
+
+
+def segment_positions(
+    segments: Iterable[Segment], part_offsets: Sequence[int] | np.ndarray
+) -> Iterator[np.ndarray]:
+    """Each segment's rows as index positions, in stream order, one array per segment."""
+    for seg in segments:
+        yield int(part_offsets[seg.part]) + seg.first + seg.order()
 
 
 def first_rows(chunks: Iterable[np.ndarray], stop: int | None) -> np.ndarray:
