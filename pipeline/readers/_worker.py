@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from pipeline.readers import lifetime
 from pipeline.readers.index import Index
 from pipeline.readers.tensors import Wire
 
@@ -41,7 +42,9 @@ _F_SETPIPE_SZ = 1031
 
 
 def _init_worker(user_init: Callable[[int], object] | None, worker_id: int) -> None:
-    """``worker_init_fn`` of make_loader's workers: choose the Arrow pool, then the user's."""
+    """``worker_init_fn`` of make_loader's workers: die with the reader, choose the Arrow pool,
+    then the user's."""
+    lifetime.tie_worker_to_parent()
     use_worker_pool()
     if user_init is not None:
         user_init(worker_id)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from pipeline.readers import _worker
+from pipeline.readers import _worker, lifetime
 from pipeline.readers._progress import IterableProgress, MapProgress, Progress
 from pipeline.readers.index import Index
 from pipeline.readers.iterable import PartIterableDataset
@@ -234,6 +234,7 @@ class ReaderLoader:
             self._progress.reset()
         self._pending = False
         self._progress.begin()
+        lifetime.note_fork_thread()
         inner = iter(self.loader)  # worker processes start here, with the resume point
         _worker._widen_result_pipe(inner)
         self._progress.started(self.loader.num_workers)
