@@ -31,6 +31,7 @@ from pipeline.training.record import (
     write_record,
 )
 from pipeline.training.runner import OUTCOME, TrainSummary, progress_key, train_once
+from pipeline.training.tethered import tethered
 from pipeline.training.trainer import REFERENCE_TRAINER, Trainer, load_trainer, trainer_info
 from resources.bundle_store import BundleStore
 from resources.dagster.artifacts import ArtifactStore
@@ -120,7 +121,8 @@ def _train_torchrun(
         "--checkpoint-every", str(settings.checkpoint_every), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    invocation = pipes.run(command=cmd, context=context, env=env)
+    # tethered: torchrun and its ranks die with this step, however it is killed
+    invocation = pipes.run(command=tethered(cmd), context=context, env=env)
     reported: dict = {}
     for result in invocation.get_results():
         reported.update({f"pipes/{k}": v for k, v in (result.metadata or {}).items()})

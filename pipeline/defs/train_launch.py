@@ -29,17 +29,23 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.readers.index import Index, IndexMismatch
+from pipeline.readers.lifetime import die_with_parent
 from pipeline.training.device import choose_device, process_group_backend
 from pipeline.training.runner import train_once
 from pipeline.training.trainer import load_trainer
 from resources.bundle_store import BundleStore
+
+if TYPE_CHECKING:
+    from dagster_pipes import PipesContext
 
 
 def _init_process_group(device: torch.device) -> None:
@@ -70,6 +76,33 @@ def _launched_by_dagster() -> bool:
     return PipesEnvVarParamsLoader().is_dagster_pipes_process()
 
 
+def _restart_follows() -> bool:
+    """Whether torchrun restarts the ranks if this attempt fails (it has restarts left)."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return attempt < int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
+@contextlib.contextmanager
+def _pipes_channel() -> Iterator[PipesContext]:
+    """Rank 0's Pipes channel, closed when the attempt succeeds or no restart follows it.
+
+    One channel serves every attempt of a launch. A failed attempt that torchrun restarts
+    must not close it: Dagster would take its "closed" for the end, and every message of the
+    restarted attempt would then arrive as a warning ("unexpected message received after
+    closed"). Its error still reaches the run, through stderr.
+    """
+    from dagster_pipes import open_dagster_pipes
+
+    pipes = open_dagster_pipes()
+    try:
+        yield pipes
+    except BaseException as e:
+        if not _restart_follows():
+            pipes.__exit__(type(e), e, e.__traceback__)  # the final attempt: close with its error
+        raise
+    pipes.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Initialise the process group from torchrun's environment, train, and report from rank 0."""
     p = argparse.ArgumentParser(prog="pipeline.defs.train_launch")
@@ -92,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the run's folder: checkpoint/ and the outcome")
     args = p.parse_args(argv)
 
+    # torchrun starts each rank in a session of its own: without this, a rank whose torchrun
+    # was killed would train on, write into a dead run's folder and prune its cuts.
+    die_with_parent()
     device = choose_device(args.device)  # cuda:LOCAL_RANK on a GPU machine
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's collectives and DDP use the current device
@@ -100,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         pipes = None
         if rank == 0 and _launched_by_dagster():
-            from dagster_pipes import open_dagster_pipes
-
-            pipes = stack.enter_context(open_dagster_pipes())
+            pipes = stack.enter_context(_pipes_channel())
 
         def log(msg: str) -> None:
             if pipes is not None:
