@@ -12,13 +12,24 @@ file can never run code. The directory is the pipeline's to choose (keyed by dat
 config — not the shape — so a changed run never resumes a stale one, while the same run restarted
 on another number of ranks resumes from every old rank's part) and removed once the fit has
 finished and its checkpoint is written.
+
+One fit at a time owns a directory's cuts: :meth:`Progress.claimed` takes an exclusive lock
+beside it for the fit's whole life, so no second process (a retried run while the first still
+runs, a rank left over from a killed launch) writes or prunes them meanwhile. The kernel drops
+the lock of a process that dies, however it dies, so a dead fit's claim is taken over at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
+import os
 import shutil
+import socket
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +41,10 @@ from pipeline.bundle.atomic import atomic_write_bytes, atomic_write_text
 
 COMMITTED = "committed.json"
 _CUT = "step-{:010d}"
+
+#: Seconds a fit waits for another live fit's claim on the same cuts before it refuses: long
+#: enough for a process that is being killed to be gone, short enough to fail a run visibly.
+CLAIM_WAIT = 60.0
 
 
 class ProgressError(ValueError):
@@ -84,6 +99,69 @@ class Progress:
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
+
+    @contextlib.contextmanager
+    def claimed(self, wait: float = CLAIM_WAIT) -> Iterator[None]:
+        """Hold this fit's exclusive claim on its cuts while the block runs. A collective.
+
+        Rank 0 takes the claim for every rank of its fit; while another live process holds it,
+        rank 0 waits up to ``wait`` seconds, then every rank raises :class:`ProgressError`
+        naming the holder. The claim is a lock on a file beside the directory (never inside it:
+        :meth:`clear` removes the directory while the claim is held), released when the block
+        ends or the process dies.
+        """
+        if self.directory is None:
+            yield
+            return
+        fd = self._claim(wait) if self.rank == 0 else None
+        held = fd is not None and fd >= 0
+        if self.world_size > 1:
+            flag = torch.tensor([1 if held or self.rank != 0 else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            held_by_all = bool(flag.item())
+        else:
+            held_by_all = held
+        if not held_by_all:
+            holder = self._holder() if self.rank == 0 else "another process"
+            raise ProgressError(
+                f"{self.directory}: another fit holds these cuts ({holder}) and did not let go "
+                f"within {wait:.0f} s; it must end before this one can resume them"
+            )
+        try:
+            yield
+        finally:
+            if fd is not None and fd >= 0:
+                os.close(fd)  # releases the lock
+
+    @property
+    def _claim_path(self) -> Path:
+        assert self.directory is not None
+        return self.directory.with_name(f".{self.directory.name}.claim")
+
+    def _claim(self, wait: float) -> int:
+        """Lock the claim file (waiting up to ``wait`` seconds); its descriptor, or -1."""
+        self._claim_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._claim_path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return -1
+                time.sleep(0.2)
+        # who holds it, for the message another fit would give
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        return fd
+
+    def _holder(self) -> str:
+        try:
+            return self._claim_path.read_text().strip() or "a process"
+        except OSError:
+            return "a process"
 
     def save(self, step: int, *, shared: dict[str, Any], local: dict[str, Any]) -> None:
         """Commit the cut after ``step``: ``shared`` from rank 0, ``local`` from every rank.

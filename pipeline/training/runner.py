@@ -25,7 +25,7 @@ from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
 from pipeline.training.memory import bound_heap_growth
-from pipeline.training.progress import Progress
+from pipeline.training.progress import CLAIM_WAIT, Progress
 from pipeline.training.trainer import FeatureSet, FitContext, FitResult, Trainer, TrainerError
 
 #: The trainer's files, under a run's folder: exactly what the checkpoint digest covers.
@@ -95,6 +95,7 @@ def run_fit(
     progress_dir: Path | None = None,
     checkpoint_every: int = 0,
     device: torch.device | str = "cpu",
+    claim_wait: float = CLAIM_WAIT,
 ) -> FitRun:
     """Call ``trainer.fit`` on this rank, then reconcile its last full pass across ranks.
 
@@ -103,7 +104,9 @@ def run_fit(
     complete passes it made. With ``progress_dir``, the trainer may save mid-fit cuts there
     every ``checkpoint_every`` steps and resumes from the last one a killed fit left; the
     interrupted pass is then reconciled too, and the cuts are removed once ``fit`` returns.
-    ``device`` is this rank's (:func:`~pipeline.training.device.choose_device`).
+    ``device`` is this rank's (:func:`~pipeline.training.device.choose_device`). While
+    another live process fits on the same cuts, it waits up to ``claim_wait`` seconds for them,
+    then refuses (:class:`~pipeline.training.progress.ProgressError`) before any training.
     """
     # Any trainer's pass over millions of items, and the pipeline's tally of every id beside it,
     # would otherwise leave gigabytes of fragmented heap behind (see pipeline.training.memory).
@@ -120,24 +123,27 @@ def run_fit(
         progress=progress,
         device=device,
     )
-    result = trainer.fit(ctx)
-    if not isinstance(result, FitResult):
-        raise TrainerError(
-            f"{type(trainer).__name__}.fit returned {type(result).__name__}, expected FitResult"
+    with progress.claimed(claim_wait):  # no other process writes or prunes these cuts meanwhile
+        result = trainer.fit(ctx)
+        if not isinstance(result, FitResult):
+            raise TrainerError(
+                f"{type(trainer).__name__}.fit returned {type(result).__name__}, expected FitResult"
+            )
+        counts = ctx.passes.last or OwnerCounts(label=f"rank {rank}")
+        report = reconcile_distributed(
+            index.manifest, counts, ids=index.ids, raise_on_mismatch=False
         )
-    counts = ctx.passes.last or OwnerCounts(label=f"rank {rank}")
-    report = reconcile_distributed(index.manifest, counts, ids=index.ids, raise_on_mismatch=False)
-    resumed = None
-    if progress.resumed_from is not None:  # the same on every rank: they loaded one cut
-        interrupted = ctx.passes.resumed or OwnerCounts(label=f"rank {rank}")
-        resumed = Resume(
-            step=progress.resumed_from,
-            world_size=progress.resumed_world_size,
-            reconciliation=reconcile_distributed(
-                index.manifest, interrupted, ids=index.ids, raise_on_mismatch=False
-            ),
-        )
-    progress.clear()
+        resumed = None
+        if progress.resumed_from is not None:  # the same on every rank: they loaded one cut
+            interrupted = ctx.passes.resumed or OwnerCounts(label=f"rank {rank}")
+            resumed = Resume(
+                step=progress.resumed_from,
+                world_size=progress.resumed_world_size,
+                reconciliation=reconcile_distributed(
+                    index.manifest, interrupted, ids=index.ids, raise_on_mismatch=False
+                ),
+            )
+        progress.clear()
     return FitRun(result, report, ctx.passes.completed, resumed, ctx.device.type)
 
 

@@ -50,6 +50,9 @@ def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
     assert {k for k in meta if k.startswith("pipes/")} == {"pipes/ranks_bytes_hashed"}
     assert meta["pipes/ranks_bytes_hashed"].value == 0
     assert meta["world_size"].value == 2 and len(plain(meta["checkpoint_sha256"])) == 64
+    # The killed attempt left the Pipes channel open for the restarted one: its messages
+    # arrive as the run's own, not as warnings about a channel already closed.
+    assert not [m for m in logs if "unexpected message" in m], logs
     # Rank 0's log lines reached the Dagster run.
     assert any("epoch 2/2" in m for m in logs), logs
     # The restarted rank 0 said where it resumed, through the same Pipes channel.
@@ -66,3 +69,29 @@ def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
     manifest = result.asset_materializations_for_node("result_manifest")[0].metadata
     assert record.reconciliation.items_iterated == manifest["items"].value
     assert len(record.loss_curve) == 2
+
+
+def test_an_attempt_that_raises_leaves_the_channel_open_for_torchruns_restart(
+    tmp_path, labelled_samples, monkeypatch
+):
+    """Rank 0 raises in its first attempt (a transient error): torchrun restarts both ranks and
+    the run succeeds, and the restarted attempt's messages are the run's own, not warnings that
+    arrived "after closed" (the failed attempt did not close the channel a restart reuses)."""
+    monkeypatch.setenv("FLAKY_TRAINER_MARKER", str(tmp_path / "failed"))
+    resources = labelled_samples.resources(tmp_path, "wine", world_size=2, num_workers=0)
+    config = TrainingConfig(
+        trainer="tests.helpers.flaky_trainer:FailsOnce", epochs=1, batch_size=8, auto_features=True
+    )
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            CHAIN_ASSETS,
+            resources=resources,
+            run_config=dg.RunConfig(ops={"training_run": config}),
+            instance=instance,
+            selection=["result_manifest", "verified_snapshot", "disjoint_index", "training_run"],
+        )
+        assert result.success
+        logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    assert (tmp_path / "failed").exists(), "the first attempt was meant to fail"
+    assert not [m for m in logs if "unexpected message" in m], logs
+    assert any("epoch 1/1" in m for m in logs), logs

@@ -8,14 +8,19 @@ A fit SIGKILLed mid-epoch and resumed from its cuts, in a process of its own, is
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
 
 import pytest
 import torch
 
 from pipeline.readers.index import Index
-from pipeline.training import REFERENCE_TRAINER
+from pipeline.training import REFERENCE_TRAINER, run_fit
 from pipeline.training.progress import COMMITTED, Progress, ProgressError
+from pipeline.training.reference import ReferenceTrainer
 from pipeline.training.runner import progress_key
+from tests.helpers.timing import limit
 from tests.helpers.training import classes_index, fit_config
 
 
@@ -76,3 +81,64 @@ def test_every_must_not_be_negative(tmp_path):
     assert not Progress(tmp_path, every=0).due(10)
     assert Progress(tmp_path, every=5).due(10) and not Progress(tmp_path, every=5).due(11)
     assert not Progress(None, every=5).due(10)
+
+
+# -- one live fit per cut ---------------------------------------------------------------------
+def test_a_second_fit_on_cuts_another_holds_is_refused_in_one_line(tmp_path):
+    cuts = tmp_path / "key"
+    with Progress(cuts, every=2).claimed():
+        with pytest.raises(ProgressError) as err, Progress(cuts, every=2).claimed(wait=0):
+            pytest.fail("two fits held the same cuts")
+    message = str(err.value)
+    assert "another fit holds these cuts" in message and f"pid {os.getpid()}" in message
+    assert "\n" not in message
+    with Progress(cuts, every=2).claimed(wait=0):  # released when the first fit ended
+        pass
+
+
+def _hold_claim(cuts, ready) -> None:
+    with Progress(cuts, every=2).claimed():
+        ready.set()
+        signal.pause()
+
+
+def test_the_claim_of_a_killed_fit_is_taken_over(tmp_path):
+    cuts = tmp_path / "key"
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_claim, args=(cuts, ready))
+    holder.start()
+    try:
+        assert ready.wait(timeout=limit(60)), "the holder never took the claim"
+        with pytest.raises(ProgressError, match=f"pid {holder.pid} "):
+            with Progress(cuts, every=2).claimed(wait=0):
+                pass
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # no cleanup runs: the kernel drops its lock
+        holder.join(timeout=limit(60))
+    with Progress(cuts, every=2).claimed(wait=0):
+        assert not cuts.exists() or not (cuts / COMMITTED).exists()
+
+
+def test_run_fit_refuses_before_training_while_another_fit_holds_its_cuts(index, tmp_path):
+    cuts = tmp_path / "cuts"
+    fitted = []
+
+    class Recording(ReferenceTrainer):
+        def fit(self, ctx):
+            fitted.append(ctx.rank)
+            return super().fit(ctx)
+
+    with Progress(cuts, every=1).claimed():
+        with pytest.raises(ProgressError, match="another fit holds these cuts"):
+            run_fit(
+                Recording(),
+                index,
+                fit_config("map"),
+                output_dir=tmp_path / "ckpt",
+                log=lambda _: None,
+                progress_dir=cuts,
+                checkpoint_every=1,
+                claim_wait=0,
+            )
+    assert fitted == []
