@@ -145,7 +145,12 @@ def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str,
         return out
     if f.is_list:  # values and lengths; a null list is an empty one
         flat = _scalars(arr.flatten(), f.element, f.name)
-        out[f.name] = Ragged(flat, np.diff(arr.offsets.to_numpy()))
+        # lengths as flatten() counts them: a null row may cover values in the child array,
+        # which flatten() skips and the raw offsets would count
+        lengths = pc.list_value_length(arr)
+        if lengths.null_count:
+            lengths = pc.fill_null(lengths, 0)
+        out[f.name] = Ragged(flat, lengths.to_numpy(zero_copy_only=False))
         return out
     if f.is_fixed_size_list:
         n = arr.type.list_size
