@@ -29,7 +29,7 @@ from pipeline.readers.reconcile import (
 from pipeline.readers.resume import ResumeMismatch, merge_states
 from pipeline.readers.sampler import OwnerSampler
 from pipeline.readers.split import SplitPlan, plan_split
-from pipeline.readers.tensors import VALID_SUFFIX, Batch, ValueOverflow, to_batch
+from pipeline.readers.tensors import VALID_SUFFIX, Batch, UnreadableType, ValueOverflow, to_batch
 
 __all__ = [
     "VALID_SUFFIX",
@@ -51,6 +51,7 @@ __all__ = [
     "SplitMismatch",
     "SplitPlan",
     "Tally",
+    "UnreadableType",
     "ValueOverflow",
     "accepted_mask",
     "accepted_only",

@@ -39,9 +39,9 @@ def collate_batches(batch: Any) -> Any:
     A dict (from ``__getitems__`` or an iterable batch) is returned as is. A list of per-row
     dicts (from ``__getitem__``, e.g. through ``ConcatDataset``) becomes one batch, even of one
     row: scalars and fixed-size vectors are stacked to ``[B]`` / ``[B, N]`` tensors; strings,
-    bytes and ``None`` stay Python lists (an id is never split into characters); the
-    variable-length columns a :class:`Row` names stay lists of 1-D tensors. Tensors of differing
-    shapes in a plain dict are kept as a list rather than refused.
+    bytes, lists of them and ``None`` stay Python lists (an id is never split into characters);
+    the variable-length columns a :class:`Row` names stay lists of 1-D tensors. Tensors of
+    differing shapes in a plain dict are kept as a list rather than refused.
     """
     if isinstance(batch, dict):
         return batch

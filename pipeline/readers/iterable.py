@@ -27,7 +27,7 @@ from pipeline.readers.open_part import OpenPart, read_lanes
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
 from pipeline.readers.reshard import Leg, iterable_pool, legs_from_state
 from pipeline.readers.sampler import is_count, state_count
-from pipeline.readers.tensors import Batch, Wire, to_wire, wire_to_batch
+from pipeline.readers.tensors import Batch, Wire, check_readable, to_wire, wire_to_batch
 
 
 class IdleOwnerWarning(UserWarning):
@@ -79,6 +79,7 @@ class PartIterableDataset(IterableDataset):
             raise ValueError(f"num_workers must be >= 0 or None, got {num_workers}")
         self.index = as_index(index, "PartIterableDataset")
         self.columns = self.index.resolve_columns(columns)
+        check_readable(self.index.schema, self.columns)  # before any part is read
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.mix = mix

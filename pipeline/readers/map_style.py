@@ -26,7 +26,7 @@ from pipeline.readers import partcache
 from pipeline.readers.batches import Row
 from pipeline.readers.index import Index, as_index
 from pipeline.readers.partcache import SharedParts
-from pipeline.readers.tensors import Batch, Wire, to_wire, wire_to_batch
+from pipeline.readers.tensors import Batch, Wire, check_readable, to_wire, wire_to_batch
 
 #: Result columns with a handful of distinct values by design: read dictionary-encoded (as
 #: Parquet stores them), so decoding, taking and shipping them costs a small code per row, and
@@ -89,6 +89,7 @@ class MapDataset(Dataset):
     ) -> None:
         self.index = as_index(index, "MapDataset")
         self.columns = self.index.resolve_columns(columns)
+        check_readable(self.index.schema, self.columns)  # before any part is read
         if max_cached_parts is not None and max_cached_parts < 1:
             raise ValueError(f"max_cached_parts must be >= 1 or None, got {max_cached_parts}")
         self.max_cached_parts = max_cached_parts

@@ -1,11 +1,14 @@
 """Arrow columns to torch batches, with every dtype taken from the declared schema.
 
 The declared vocabulary type of a column — never the data, a filename or the first file —
-decides what a batch holds; ``docs/readers.md`` has the table (strings stay ``list[str]``, fixed
-size lists become 2-D tensors, unsigned types widen losslessly, ``uint64`` above ``2**63-1`` is
-refused). A nullable column other than strings, binary and ``list<T>`` also gets a
-``<name>__valid`` mask, present whether or not this batch holds a null, so a batch's keys depend
-on the schema alone. Numeric tensors share fresh Arrow buffers where no conversion is needed.
+decides what a batch holds; ``docs/readers.md`` has the table (strings stay ``list[str]``, lists
+of strings or bytes stay Python lists per row, fixed size lists of numbers become 2-D tensors,
+unsigned types widen losslessly, ``uint64`` above ``2**63-1`` is refused). A nullable column
+whose values become tensors, other than ``list<T>``, also gets a ``<name>__valid`` mask, present
+whether or not this batch holds a null, so a batch's keys depend on the schema alone; where values
+stay Python objects a null is ``None``. Numeric tensors share fresh Arrow buffers where no
+conversion is needed. :func:`check_readable` is the one place that says which declared types a
+batch can hold; every reader runs it when it is built.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from pipeline.bundle.format import VALID_SUFFIX
+from pipeline.bundle.format import SCALAR_TYPES, VALID_SUFFIX, UnknownType
 from pipeline.bundle.manifest import Schema, SchemaField
 
 Batch = dict[str, "torch.Tensor | list"]
@@ -40,6 +43,9 @@ _TORCH = {
     "date32": torch.int32,
     "timestamp[us,UTC]": torch.int64,
 }
+#: Element types a batch keeps as Python objects: ``str``/``bytes`` for a scalar, a Python list
+#: per row for a list or fixed-size list of them; ``None`` where null, so no mask.
+PYTHON_TYPES = ("string", "binary")
 _NUMPY_VIEW = {"date32": np.int32, "timestamp[us,UTC]": np.int64}
 #: the numpy dtype of each batch dtype above (what a wire batch carries)
 _NUMPY = {k: torch.empty(0, dtype=v).numpy().dtype for k, v in _TORCH.items()}
@@ -48,6 +54,30 @@ _INT64_MAX = 2**63 - 1
 
 class ValueOverflow(ValueError):
     """A uint64 value does not fit the int64 tensor its column maps to."""
+
+
+class UnreadableType(TypeError):
+    """A declared column type no batch form exists for: refused when a reader is built."""
+
+
+def check_readable(schema: Schema, columns: Iterable[str]) -> None:
+    """Refuse, in one line naming the column and its type, any of ``columns`` no batch can hold.
+
+    Every v1 type has a batch form; this keeps it so. A type added to the vocabulary without
+    one is refused here, when a reader is built, instead of failing on a lookup in the middle
+    of an epoch (``tests/readers/test_every_v1_type.py`` checks every type passes).
+    """
+    for name in columns:
+        f = schema.field(name)
+        try:
+            element: str | None = f.element
+        except UnknownType:
+            element = None
+        if element not in _TORCH and element not in PYTHON_TYPES:
+            raise UnreadableType(
+                f"column {name!r}: type {f.type} has no batch form; the readers convert "
+                f"{', '.join(SCALAR_TYPES)} and list<T> and fixed_size_list<T,N> of them"
+            )
 
 
 def _from_numpy(arr: np.ndarray) -> torch.Tensor:
@@ -89,10 +119,11 @@ def _scalars(arr: pa.Array, type_name: str, name: str) -> np.ndarray:
 class Wire(dict):
     """A batch on its way from a DataLoader worker to the main process (``name -> array``).
 
-    Numeric columns and masks are numpy arrays of their final dtype and strings, binary and
-    ``list<T>`` stay Arrow arrays: both pickle as flat buffers, while torch tensors would each
-    cost a new shared-memory segment and Python strings an object each, on both sides. The
-    main process finishes it with :func:`wire_to_batch`, the same conversion ``to_batch`` does.
+    Numeric columns and masks are numpy arrays of their final dtype, numeric ``list<T>`` its
+    values and lengths (:class:`Ragged`), and strings and binary, and lists of them, stay Arrow
+    arrays: all pickle as flat buffers, while torch tensors would each cost a new shared-memory
+    segment and Python strings an object each, on both sides. The main process finishes it with
+    :func:`wire_to_batch`, the same conversion ``to_batch`` does.
     """
 
 
@@ -104,15 +135,22 @@ def column_to_wire(col: pa.Array | pa.ChunkedArray, f: SchemaField) -> dict[str,
         arr = col
     t = f.type
     out: dict[str, object] = {}
-    if t in ("string", "binary"):
+    if f.element in PYTHON_TYPES:
         if pa.types.is_dictionary(arr.type):  # read dictionary-encoded: see Coded
             out[f.name] = _coded(arr)
         else:
-            out[f.name] = _own_buffers(arr)  # to Python lists in wire_to_batch
+            # to Python lists in wire_to_batch: a str/bytes per row, or for a list or fixed-size
+            # list of them a list per row, None for a null row or element (so no mask)
+            out[f.name] = _own_buffers(arr)
         return out
     if f.is_list:  # values and lengths; a null list is an empty one
         flat = _scalars(arr.flatten(), f.element, f.name)
-        out[f.name] = Ragged(flat, np.diff(arr.offsets.to_numpy()))
+        # lengths as flatten() counts them: a null row may cover values in the child array,
+        # which flatten() skips and the raw offsets would count
+        lengths = pc.list_value_length(arr)
+        if lengths.null_count:
+            lengths = pc.fill_null(lengths, 0)
+        out[f.name] = Ragged(flat, lengths.to_numpy(zero_copy_only=False))
         return out
     if f.is_fixed_size_list:
         n = arr.type.list_size

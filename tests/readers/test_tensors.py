@@ -240,3 +240,20 @@ def test_a_dictionary_of_another_value_type_is_refused():
     table = pa.table({"s": pa.array([1, 2, 1], pa.int32()).dictionary_encode()})
     with pytest.raises(TypeError, match="declared string"):
         to_batch(table, _string_schema())
+
+
+def test_a_null_list_row_that_covers_values_is_an_empty_tensor():
+    """Arrow lets a null ``list<T>`` row's offsets cover values in the child array (other
+    writers than Parquet's make such arrays); those values are not the row's, and the rows after
+    it keep their own."""
+    schema = Schema.model_validate(
+        {"fields": [{"name": "l", "type": "list<int64>", "nullable": True}]}
+    )
+    arr = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4, 5], pa.int32()),
+        pa.array([1, 2, 3, 4, 5], pa.int64()),
+        mask=pa.array([False, True, False]),
+    )
+    assert arr.to_pylist() == [[1, 2], None, [5]]
+    batch = to_batch(pa.table({"l": arr}), schema)
+    assert [t.tolist() for t in batch["l"]] == [[1, 2], [], [5]]
