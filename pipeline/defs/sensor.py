@@ -25,7 +25,7 @@ from pipeline.defs.jobs import (
 )
 from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, decide
 from resources.bundle_store import BundleStore
-from resources.compute.client import ComputeClient, ComputeError, ComputeUnavailable
+from resources.compute.client import ComputeClient, ComputeError, ComputeUnavailable, describe
 from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource, ComputeResource
 
@@ -159,6 +159,7 @@ def tick(
             resubmit_failures=failures,
             resubmit_active=active,
             can_resubmit=client.can_resubmit,
+            client=describe(client),
         )
         job_cursor = cursor.jobs.setdefault(job_id, JobCursor())
         try:
