@@ -96,7 +96,7 @@ def _observations(
 
     def manifest(version: str) -> Manifest:
         if version not in manifests:
-            url = client.manifest_url(job_id, version)
+            url = client.bundle_url(job_id, version)
             manifests[version] = store.read_manifest(url, credential_ref)
         return manifests[version]
 
@@ -107,7 +107,7 @@ def _observations(
         m = manifest(version)
         parent_id = m.job.parent_version_id if m.job is not None else None
         parent = manifest(parent_id) if parent_id in versions else None
-        out.append(observation(job_id, m, client.manifest_url(job_id, version), parent))
+        out.append(observation(job_id, m, client.bundle_url(job_id, version), parent))
         seen.append(version)
     return out
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from pipeline.bundle.format import MANIFEST_NAME
 from resources.compute.faults import FaultSpec
 
 JobState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "PARTIAL", "FAILED"]
@@ -138,6 +139,14 @@ class JobStatus(BaseModel):
         return self.state in FINAL_STATES
 
 
+def bundle_folder(url: str) -> str:
+    """``url`` as the folder of a bundle: a URL naming ``result-manifest.json`` itself becomes
+    the folder that holds it; any other URL is returned without a trailing slash."""
+    url = url.rstrip("/")
+    head, sep, name = url.rpartition("/")
+    return head if sep and head and name == MANIFEST_NAME else url
+
+
 class ComputeClient(abc.ABC):
     """What the pipeline may ask of Compute: watch a job, locate its results, resubmit.
 
@@ -178,10 +187,16 @@ class ComputeClient(abc.ABC):
         are (a path, ``file://``, ``s3://``... any fsspec URL), the latest when ``version_id`` is
         None.
 
-        Despite its name it names the folder, not the manifest file. Called for every version in
-        :attr:`JobStatus.versions` (the sensor reads each manifest once) and for the version a
-        chain run is pinned to. Raise :class:`UnknownJob` for a version the job does not have.
+        Despite its name it names the folder, not the manifest file; a URL that ends in
+        ``/result-manifest.json`` is accepted too and read as its folder (:meth:`bundle_url`).
+        Called for every version in :attr:`JobStatus.versions` (the sensor reads each manifest
+        once) and for the version a chain run is pinned to. Raise :class:`UnknownJob` for a
+        version the job does not have.
         """
+
+    def bundle_url(self, job_id: str, version_id: str | None = None) -> str:
+        """What the pipeline reads a version from: :meth:`manifest_url`'s answer, as a folder."""
+        return bundle_folder(self.manifest_url(job_id, version_id))
 
     def latest_job(self) -> str | None:
         """The job the chain follows when ``LITHI_JOB_ID`` and ``LITHI_WATCH_JOBS`` are unset:

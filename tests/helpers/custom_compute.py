@@ -8,7 +8,9 @@ own endpoint from its own environment variable. Here the "service" is a local Co
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from pipeline.bundle.format import MANIFEST_NAME
 from resources.compute.client import ComputeClient, JobStatus
 from resources.compute.local import LocalCompute
 
@@ -42,6 +44,13 @@ class FollowingCompute(ComputeClient):
 
     def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
         return self.service.manifest_url(job_id, version_id)
+
+
+class ManifestFileCompute(FollowingCompute):
+    """A follower whose ``manifest_url`` names the manifest file rather than its folder."""
+
+    def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
+        return str(Path(super().manifest_url(job_id, version_id)) / MANIFEST_NAME)
 
 
 class NotAClient:

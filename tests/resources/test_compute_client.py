@@ -1,6 +1,9 @@
-"""The ComputeClient contract: two methods required, the rest optional and refused by name."""
+"""The ComputeClient contract: two methods required, the rest optional and refused by name, and
+``manifest_url`` answered as a folder whether a client names the folder or the manifest file."""
 
 from __future__ import annotations
+
+import pytest
 
 from resources.bundle_store import BundleStore
 from resources.compute.bundle_dir import BundleDirectory
@@ -9,6 +12,7 @@ from resources.compute.client import (
     JobSpec,
     JobStatus,
     NotSupported,
+    bundle_folder,
     utc_now,
 )
 from resources.compute.local import LocalCompute
@@ -33,6 +37,22 @@ class Resubmitter(Follower):
 
     def resubmit(self, job_id: str, *, from_version_id: str, idempotency_key: str) -> int:
         return 2
+
+
+@pytest.mark.parametrize(
+    ("url", "folder"),
+    [
+        ("/results/job-1/v1", "/results/job-1/v1"),
+        ("/results/job-1/v1/", "/results/job-1/v1"),
+        ("/results/job-1/v1/result-manifest.json", "/results/job-1/v1"),
+        ("s3://bucket/job-1/v1/result-manifest.json", "s3://bucket/job-1/v1"),
+        ("file:///results/job-1/v1/result-manifest.json", "file:///results/job-1/v1"),
+        ("s3://bucket/job-1/result-manifest.json.d", "s3://bucket/job-1/result-manifest.json.d"),
+    ],
+)
+def test_a_manifest_url_is_read_as_the_bundle_folder(url, folder):
+    assert bundle_folder(url) == folder
+    assert Follower(url).bundle_url("job-1", "v1") == folder
 
 
 def test_only_status_and_manifest_url_are_required():
