@@ -91,7 +91,8 @@ class NotSupported(ComputeError):
 class JobStatus(BaseModel):
     """A job as Compute sees it now: its state, its attempts and its published result versions.
 
-    Field by field, with who reads it; the defaults describe a job that has published nothing yet:
+    Field by field, with who reads it (docs/compute-client.md has the same as a table); the
+    defaults describe a job that has published nothing yet:
 
     - ``job_id``: the id asked about, echoed.
     - ``state``: ``QUEUED``/``RUNNING`` while an attempt is waiting or running (the sensor
@@ -159,7 +160,7 @@ class ComputeClient(abc.ABC):
     PARTIAL version's outstanding items; :meth:`latest_job` what picks the job when
     ``LITHI_JOB_ID`` is unset. :meth:`submit` and :meth:`list_jobs` are never called by the
     pipeline (the demo submits to the local Compute). What a client leaves undefined is refused
-    with :class:`NotSupported`.
+    with :class:`NotSupported`. ``examples/folder_compute.py`` is a whole client in ~50 lines.
     """
 
     @property
