@@ -82,7 +82,7 @@ def compute_versions(
     status = client.status(jobs[0])
     if status.latest_version_id is None:
         raise dg.Failure(f"{jobs[0]} has published no version yet ({status.state})")
-    url = client.manifest_url(jobs[0], status.latest_version_id)
+    url = client.bundle_url(jobs[0], status.latest_version_id)
     m = bundle_store.store().read_manifest(url, chain_settings.credential_ref or None)
     seen = observation(jobs[0], m, url, None)
     return dg.ObserveResult(

@@ -56,7 +56,7 @@ def result_manifest(
         version = config.version_id or status.latest_version_id
         if version is None:
             raise dg.Failure(f"Compute job {job_id} has published no result yet ({status.state})")
-        url = client.manifest_url(job_id, version)
+        url = client.bundle_url(job_id, version)
     except (ComputeError, ComputeUnavailable) as e:
         raise dg.Failure(str(e)) from None
     source = bundle_store.store().source(url, credential_ref=chain_settings.credential_ref or None)

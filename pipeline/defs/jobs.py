@@ -80,7 +80,7 @@ def resubmit_outstanding(
     client = compute.client()
     try:
         manifest = bundle_store.store().read_manifest(
-            client.manifest_url(config.job_id, config.from_version_id)
+            client.bundle_url(config.job_id, config.from_version_id)
         )
         attempt = client.resubmit(
             config.job_id,

@@ -56,13 +56,14 @@ class Observed:
     #: still queued or running (read from the Dagster instance by the sensor).
     resubmit_failures: int = 0
     resubmit_active: bool = False
-    #: Whether the Compute side can run the outstanding items at all.
+    #: Whether the Compute client can run the outstanding items at all, and how it is named.
     can_resubmit: bool = True
+    client: str = "the Compute client"
 
     @classmethod
     def of(cls, job_id: str, status: JobStatus, **read: Any) -> Observed:
         """``status`` as the policy sees it (its fields of the names above) for ``job_id``;
-        ``read`` is what the sensor read beside it (the ``resubmit_*`` runs, ``can_resubmit``)."""
+        ``read`` is what the sensor read beside it (the ``resubmit_*`` runs, the client)."""
         viewed = {f.name for f in fields(cls)} & set(JobStatus.model_fields) - {"job_id"}
         return cls(job_id=job_id, **{f: getattr(status, f) for f in viewed}, **read)
 
@@ -128,7 +129,7 @@ def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) ->
             f"{observed.outstanding} items outstanding"
             if observed.can_resubmit
             else f"{job}: PARTIAL with {observed.outstanding} items outstanding, and nothing "
-            "can resubmit them (a bundle URL has no Compute service behind it)"
+            f"can resubmit them: {observed.client} defines no resubmit"
         )
         if not policy.train_on_partial:
             d.reasons.append(f"{why}; not training on incomplete data (train_on_partial is off)")

@@ -25,7 +25,7 @@ from pipeline.defs.jobs import (
 )
 from pipeline.defs.partial_policy import Action, Cursor, JobCursor, Observed, decide
 from resources.bundle_store import BundleStore
-from resources.compute.client import ComputeClient, ComputeError, ComputeUnavailable
+from resources.compute.client import ComputeClient, ComputeError, ComputeUnavailable, describe
 from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource, ComputeResource
 
@@ -96,7 +96,7 @@ def _observations(
 
     def manifest(version: str) -> Manifest:
         if version not in manifests:
-            url = client.manifest_url(job_id, version)
+            url = client.bundle_url(job_id, version)
             manifests[version] = store.read_manifest(url, credential_ref)
         return manifests[version]
 
@@ -107,7 +107,7 @@ def _observations(
         m = manifest(version)
         parent_id = m.job.parent_version_id if m.job is not None else None
         parent = manifest(parent_id) if parent_id in versions else None
-        out.append(observation(job_id, m, client.manifest_url(job_id, version), parent))
+        out.append(observation(job_id, m, client.bundle_url(job_id, version), parent))
         seen.append(version)
     return out
 
@@ -159,6 +159,7 @@ def tick(
             resubmit_failures=failures,
             resubmit_active=active,
             can_resubmit=client.can_resubmit,
+            client=describe(client),
         )
         job_cursor = cursor.jobs.setdefault(job_id, JobCursor())
         try:

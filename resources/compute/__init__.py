@@ -7,6 +7,7 @@ from resources.compute.client import (
     JobSpec,
     JobState,
     JobStatus,
+    NotSupported,
 )
 from resources.compute.faults import FaultSpec
 
@@ -18,4 +19,5 @@ __all__ = [
     "JobSpec",
     "JobState",
     "JobStatus",
+    "NotSupported",
 ]

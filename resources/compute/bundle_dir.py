@@ -7,8 +7,9 @@ bucket), whose manifest names it as ``job.parent_version_id`` — the way a Comp
 publishes a resubmission's result. :class:`BundleDirectory` presents that lineage through the
 :class:`~resources.compute.client.ComputeClient` interface, so the result manifest asset and the
 sensor treat it like any job: the newest version in the lineage is the job's latest, and the
-sensor rebuilds the chain when a newer one lands. Nothing can be resubmitted here
-(:attr:`can_resubmit` is false): a PARTIAL version is trained on only when allowed.
+sensor rebuilds the chain when a newer one lands. It only follows: it defines neither ``submit``
+nor ``resubmit`` (:attr:`can_resubmit` is false), so a PARTIAL version is trained on only when
+allowed.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from resources.bundle_store import BundleStore
 from resources.compute.client import (
     ComputeClient,
     ComputeError,
-    InvalidResubmission,
-    JobSpec,
     JobStatus,
     UnknownJob,
 )
@@ -35,8 +34,6 @@ class BundleSourceError(ComputeError):
 
 class BundleDirectory(ComputeClient):
     """The bundle at ``url`` and the newer versions beside it, as one read-only job."""
-
-    can_resubmit = False
 
     def __init__(self, url: str, store: BundleStore, credential_ref: str | None = None) -> None:
         self.url = url.rstrip("/")
@@ -135,14 +132,3 @@ class BundleDirectory(ComputeClient):
     def latest_job(self) -> str | None:
         """The one job."""
         return self.job_id
-
-    def submit(self, spec: JobSpec) -> str:
-        """Refused: there is no Compute service behind a bundle URL."""
-        raise ComputeError(f"bundle URL {self.url}: no Compute service to submit a job to")
-
-    def resubmit(self, job_id: str, *, from_version_id: str, idempotency_key: str) -> int:
-        """Refused: nothing behind a bundle URL can run the outstanding items."""
-        raise InvalidResubmission(
-            f"bundle URL {self.url}: no Compute service to resubmit version {from_version_id}'s "
-            "outstanding items to"
-        )

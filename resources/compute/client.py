@@ -11,10 +11,11 @@ from __future__ import annotations
 import abc
 import re
 from datetime import UTC, datetime
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from pipeline.bundle.format import MANIFEST_NAME
 from resources.compute.faults import FaultSpec
 
 JobState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "PARTIAL", "FAILED"]
@@ -83,11 +84,41 @@ class JobSpec(BaseModel):
     rows_per_part: int = Field(default=256, ge=1)
 
 
+class NotSupported(ComputeError):
+    """The client does not offer this call: it only follows jobs (see :class:`ComputeClient`)."""
+
+
 class JobStatus(BaseModel):
     """A job as Compute sees it now: its state, its attempts and its published result versions.
 
-    ``versions`` are oldest first; ``outstanding`` is the outstanding count of the latest version
-    (what a resubmission would run). ``running_attempt`` is set while an attempt is queued or runs.
+    Field by field, with who reads it (docs/compute-client.md has the same as a table); the
+    defaults describe a job that has published nothing yet:
+
+    - ``job_id``: the id asked about, echoed.
+    - ``state``: ``QUEUED``/``RUNNING`` while an attempt is waiting or running (the sensor
+      waits); ``SUCCEEDED`` when the latest version is complete (the sensor and the schedule
+      request the chain for it); ``PARTIAL`` when the latest version was published with items
+      outstanding (the sensor resubmits them, if the client can, or trains on the accepted parts
+      only with ``LITHI_TRAIN_ON_PARTIAL``); ``FAILED`` when nothing more will come (nothing is
+      trained, even on an earlier version).
+    - ``attempt``: how many attempts the job has had so far, the running one included (1 for the
+      first run, one more per resubmission). The sensor's PARTIAL policy compares it with
+      ``LITHI_MAX_ATTEMPTS`` and grows its delay with it; runs are tagged ``lithi/attempt``.
+    - ``running_attempt``: the number of the attempt that is queued or running, ``None`` once the
+      job is final. Informational: nothing in the pipeline reads it.
+    - ``versions``: the ids of every result version published so far, oldest first; each must be
+      accepted by :meth:`ComputeClient.manifest_url`. The sensor records each as an observation
+      of ``compute_versions`` the first time it sees it.
+    - ``latest_version_id``: the last of ``versions`` (``None`` before the first): what the
+      sensor and the schedule pin a chain run to, and what ``result_manifest`` reads when its
+      run config names no version.
+    - ``latest_manifest_url``: ``manifest_url(job_id, latest_version_id)``, or ``None``.
+      Informational: nothing in the pipeline reads it.
+    - ``outstanding``: how many items the latest version left outstanding (what a resubmission
+      would run); 0 when complete. Shown in the sensor's log and skip reasons, never decided on.
+    - ``message``: a line for people (why an attempt failed); the sensor's skip reason for a
+      FAILED job quotes it.
+    - ``updated_at``: when the job last changed, timezone-aware. Informational.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -95,12 +126,12 @@ class JobStatus(BaseModel):
     job_id: str
     state: JobState
     attempt: int = Field(ge=1)
-    running_attempt: int | None
-    versions: list[str]
-    latest_version_id: str | None
-    latest_manifest_url: str | None
-    outstanding: int = Field(ge=0)
-    message: str | None
+    running_attempt: int | None = None
+    versions: list[str] = Field(default_factory=list)
+    latest_version_id: str | None = None
+    latest_manifest_url: str | None = None
+    outstanding: int = Field(default=0, ge=0)
+    message: str | None = None
     updated_at: AwareDatetime
 
     @property
@@ -109,45 +140,100 @@ class JobStatus(BaseModel):
         return self.state in FINAL_STATES
 
 
+def bundle_folder(url: str) -> str:
+    """``url`` as the folder of a bundle: a URL naming ``result-manifest.json`` itself becomes
+    the folder that holds it; any other URL is returned without a trailing slash."""
+    url = url.rstrip("/")
+    head, sep, name = url.rpartition("/")
+    return head if sep and head and name == MANIFEST_NAME else url
+
+
 class ComputeClient(abc.ABC):
-    """What the pipeline may ask of Compute: submit, watch, resubmit outstanding items, locate.
+    """What the pipeline may ask of Compute: watch a job, locate its results, resubmit.
 
     Implement it to plug in your own Compute service and select it by import path
     (``LITHI_COMPUTE=my_pkg.compute:MyClient``): the class is constructed with no arguments, so
     it reads its own endpoint and credential references (never a secret in configuration).
+
+    Only :meth:`status` and :meth:`manifest_url` must be defined: a client that only follows
+    jobs someone else submits stops there. :meth:`resubmit` is what lets the sensor run a
+    PARTIAL version's outstanding items; :meth:`latest_job` what picks the job when
+    ``LITHI_JOB_ID`` is unset. :meth:`submit` and :meth:`list_jobs` are never called by the
+    pipeline (the demo submits to the local Compute). What a client leaves undefined is refused
+    with :class:`NotSupported`. ``examples/folder_compute.py`` is a whole client in ~50 lines.
     """
 
-    #: Whether :meth:`resubmit` can run a PARTIAL version's outstanding items (the sensor asks
-    #: for nothing it cannot do).
-    can_resubmit: ClassVar[bool] = True
+    @property
+    def can_resubmit(self) -> bool:
+        """Whether :meth:`resubmit` can run a PARTIAL version's outstanding items: true when the
+        class defines it. The sensor asks for nothing the client cannot do, and says so."""
+        return type(self).resubmit is not ComputeClient.resubmit
 
-    @abc.abstractmethod
-    def submit(self, spec: JobSpec) -> str:
-        """Start a job and return its id; a repeated ``spec.idempotency_key`` returns that id."""
+    def _unsupported(self, call: str) -> NotSupported:
+        return NotSupported(f"{describe(self)}: defines no {call}; it only follows jobs")
 
     @abc.abstractmethod
     def status(self, job_id: str) -> JobStatus:
-        """The job's current state; raises :class:`ComputeUnavailable` on transient errors."""
+        """The job's current state (see :class:`JobStatus`, field by field).
 
-    @abc.abstractmethod
-    def resubmit(self, job_id: str, *, from_version_id: str, idempotency_key: str) -> int:
-        """Run only the outstanding items of PARTIAL ``from_version_id``; return the attempt.
-
-        The same ``idempotency_key`` returns the same attempt and starts nothing new, so a caller
-        that crashed after resubmitting but before recording it can simply ask again.
+        Called by the sensor every tick for each watched job, by the schedule, and by
+        ``result_manifest`` when a chain run starts. Raise :class:`ComputeUnavailable` when the
+        service cannot answer now (the tick says so and tries again), :class:`UnknownJob` for a
+        job it does not know.
         """
 
     @abc.abstractmethod
-    def list_jobs(self) -> list[str]:
-        """Ids of every job this service knows, sorted."""
-
-    @abc.abstractmethod
-    def latest_job(self) -> str | None:
-        """The most recently submitted job's id (what the chain follows by default), or None."""
-
-    @abc.abstractmethod
     def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
-        """Location of a published result bundle (the latest one when ``version_id`` is None)."""
+        """The folder of a published result version: where ``result-manifest.json`` and its parts
+        are (a path, ``file://``, ``s3://``... any fsspec URL), the latest when ``version_id`` is
+        None.
+
+        Despite its name it names the folder, not the manifest file; a URL that ends in
+        ``/result-manifest.json`` is accepted too and read as its folder (:meth:`bundle_url`).
+        Called for every version in :attr:`JobStatus.versions` (the sensor reads each manifest
+        once) and for the version a chain run is pinned to. Raise :class:`UnknownJob` for a
+        version the job does not have.
+        """
+
+    def bundle_url(self, job_id: str, version_id: str | None = None) -> str:
+        """What the pipeline reads a version from: :meth:`manifest_url`'s answer, as a folder."""
+        return bundle_folder(self.manifest_url(job_id, version_id))
+
+    def latest_job(self) -> str | None:
+        """The job the chain follows when ``LITHI_JOB_ID`` and ``LITHI_WATCH_JOBS`` are unset:
+        the most recently submitted one, or None. Optional: by default None, and the chain then
+        asks for ``LITHI_JOB_ID``."""
+        return None
+
+    def resubmit(self, job_id: str, *, from_version_id: str, idempotency_key: str) -> int:
+        """Run only the outstanding items of PARTIAL ``from_version_id``; return the attempt.
+
+        Called only by the ``resubmit_outstanding_job`` run the sensor requests for a PARTIAL
+        version (after ``LITHI_RESUBMIT_DELAY_SECONDS``, up to ``LITHI_MAX_ATTEMPTS``). The same
+        ``idempotency_key`` must return the same attempt and start nothing new, so a run that
+        crashed after resubmitting but before recording it can simply ask again. When it is done,
+        :meth:`status` reports the newer version (naming ``from_version_id`` as its parent).
+        Optional: a client without it is never asked (:attr:`can_resubmit` is false).
+        """
+        raise self._unsupported("resubmit")
+
+    def submit(self, spec: JobSpec) -> str:
+        """Start a job and return its id; a repeated ``spec.idempotency_key`` returns that id.
+
+        Optional, and never called by the pipeline (the sensor, the schedule, the assets and the
+        jobs only follow jobs); the demo and the benchmarks submit to the local Compute.
+        """
+        raise self._unsupported("submit")
+
+    def list_jobs(self) -> list[str]:
+        """Ids of every job this service knows, sorted. Optional; the pipeline never calls it."""
+        raise self._unsupported("list_jobs")
+
+
+def describe(client: ComputeClient) -> str:
+    """How messages name a client: by its import path, the form ``LITHI_COMPUTE`` takes."""
+    cls = type(client)
+    return f"Compute client {cls.__module__}:{cls.__qualname__}"
 
 
 def utc_now() -> datetime:

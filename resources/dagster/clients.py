@@ -23,7 +23,8 @@ from resources.credentials import CredentialRegistry
 
 
 class ComputeResource(dg.ConfigurableResource):
-    """The Compute service the chain submits to and watches: the local one, or yours."""
+    """The Compute service the chain watches (and asks to resubmit, where it can): the local one,
+    or yours (docs/compute-client.md)."""
 
     service: str = Field(
         default="local",

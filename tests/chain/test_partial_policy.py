@@ -88,6 +88,22 @@ def test_failed_resubmission_of_a_partial_version_trains_nothing():
     assert d.actions == [] and "FAILED" in d.reasons[0]
 
 
+def test_a_client_that_cannot_resubmit_is_never_asked_and_the_reason_names_it():
+    follower = Observed(
+        JOB, "PARTIAL", 1, V1, outstanding=54, can_resubmit=False, client="Compute client m:C"
+    )
+    cursor = JobCursor()
+    d = decide(follower, cursor, POLICY, now=1e6)  # long past any delay
+    assert d.actions == [] and cursor.resubmit_requested == {}
+    assert d.reasons == [
+        f"{JOB}: PARTIAL with 54 items outstanding, and nothing can resubmit them: Compute client "
+        "m:C defines no resubmit; not training on incomplete data (train_on_partial is off)"
+    ]
+    allowed = Policy(train_on_partial=True)
+    d = decide(follower, cursor, allowed, now=1e6)
+    assert d.actions == [Action("chain", JOB, V1, 1, allow_partial=True)]
+
+
 def test_succeeded_version_is_requested_once():
     cursor = JobCursor()
     d = decide(succeeded(V2, 2), cursor, POLICY, now=0)

@@ -8,7 +8,10 @@ own endpoint from its own environment variable. Here the "service" is a local Co
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from pipeline.bundle.format import MANIFEST_NAME
+from resources.compute.client import ComputeClient, JobStatus
 from resources.compute.local import LocalCompute
 
 ENDPOINT = "STUDIO_COMPUTE_ROOT"
@@ -24,6 +27,30 @@ class StudioCompute(LocalCompute):
     def status(self, job_id: str):
         CALLS.append(f"status {job_id}")
         return super().status(job_id)
+
+
+class FollowingCompute(ComputeClient):
+    """A client that only follows jobs: ``status`` and ``manifest_url``, nothing else defined.
+
+    The jobs run on the local Compute at ``$STUDIO_COMPUTE_ROOT``; this client never submits or
+    resubmits, the way a client of a service that someone else submits to would not.
+    """
+
+    def __init__(self) -> None:
+        self.service = LocalCompute(os.environ[ENDPOINT], "inline")
+
+    def status(self, job_id: str) -> JobStatus:
+        return self.service.status(job_id)
+
+    def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
+        return self.service.manifest_url(job_id, version_id)
+
+
+class ManifestFileCompute(FollowingCompute):
+    """A follower whose ``manifest_url`` names the manifest file rather than its folder."""
+
+    def manifest_url(self, job_id: str, version_id: str | None = None) -> str:
+        return str(Path(super().manifest_url(job_id, version_id)) / MANIFEST_NAME)
 
 
 class NotAClient:
