@@ -68,13 +68,11 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> dg.MetadataVa
     return dg.MetadataValue.md("\n".join(lines))
 
 
-def number(value: float) -> dg.MetadataValue:
-    """A float rounded to what a person reads (4 significant digits; an int stays an int)."""
-    if not math.isfinite(value):
-        return dg.MetadataValue.text(str(value))
-    if isinstance(value, int) or float(value).is_integer():
-        return dg.MetadataValue.int(int(value))
-    return dg.MetadataValue.float(float(f"{value:.4g}"))
+def metric(value: float) -> dg.MetadataValue:
+    """A metric: always a float (4 significant digits), so an accuracy of exactly 1.0 reads
+    and plots as the float it is, beside its fellows, never as an integer."""
+    value = float(value)
+    return dg.MetadataValue.float(float(f"{value:.4g}") if math.isfinite(value) else value)
 
 
 def features_table(features: FeatureSet) -> dg.MetadataValue:

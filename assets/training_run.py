@@ -208,7 +208,7 @@ def training_run_asset(
             "record": dg.MetadataValue.path(str(record_path)),
             "record_json": dg.MetadataValue.json(json.loads(record_text(record))),
             "features": md.features_table(record.features),
-            **{k: md.number(v) for k, v in record.metrics.items()},
+            **{k: md.metric(v) for k, v in record.metrics.items()},
             "world_size": world,
             "device": summary.device,
             "items_iterated": report.items_iterated,
@@ -220,7 +220,7 @@ def training_run_asset(
         if summary.loss_curve:
             svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")
             meta["loss_curve"] = dg.MetadataValue.md(charts.svg_markdown(svg))
-            meta["final_loss"] = md.number(summary.loss_curve[-1])
+            meta["final_loss"] = md.metric(summary.loss_curve[-1])
         return dg.Output(
             TrainedModel(index, out, record),
             metadata=meta,
