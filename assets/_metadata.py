@@ -68,17 +68,31 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> dg.MetadataVa
     return dg.MetadataValue.md("\n".join(lines))
 
 
-def number(value: float) -> dg.MetadataValue:
-    """A float rounded to what a person reads (4 significant digits; an int stays an int)."""
-    if not math.isfinite(value):
-        return dg.MetadataValue.text(str(value))
-    if isinstance(value, int) or float(value).is_integer():
-        return dg.MetadataValue.int(int(value))
-    return dg.MetadataValue.float(float(f"{value:.4g}"))
+def metric(value: float) -> dg.MetadataValue:
+    """A metric: always a float (4 significant digits), so an accuracy of exactly 1.0 reads
+    and plots as the float it is, beside its fellows, never as an integer."""
+    value = float(value)
+    return dg.MetadataValue.float(float(f"{value:.4g}") if math.isfinite(value) else value)
 
 
 def features_table(features: FeatureSet) -> dg.MetadataValue:
-    """The features a trainer used, and every column it left out with the reason."""
-    rows: list[list[object]] = [[name, "used", ""] for name in features.used]
-    rows += [[name, "left out", why] for name, why in features.dropped.items()]
-    return markdown_table(["column", "", "why"], rows)
+    """The features a trainer used with the values it filled in each (where it says), and
+    every column it left out with the reason."""
+    rows: list[list[object]] = [
+        [name, "used", features.filled.get(name, ""), ""] for name in features.used
+    ]
+    rows += [[name, "left out", "", why] for name, why in features.dropped.items()]
+    return markdown_table(["column", "", "filled", "why"], rows)
+
+
+def missing_values(features: FeatureSet) -> dict[str, dg.MetadataValue]:
+    """What a trainer did with missing feature values, as numbers the UI can plot: the rule,
+    the values filled (``fill``) or the rows dropped (``drop``); nothing if it does not say."""
+    if features.missing is None:
+        return {}
+    out = {"missing": dg.MetadataValue.text(features.missing)}
+    if features.missing == "fill":
+        out["values_filled"] = dg.MetadataValue.int(sum(features.filled.values()))
+    elif features.missing == "drop":
+        out["rows_dropped"] = dg.MetadataValue.int(features.rows_dropped)
+    return out

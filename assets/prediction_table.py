@@ -30,17 +30,16 @@ def prediction_table(
     record = training_run.record
     trainer = load_trainer(record.trainer.path)
     bound_heap_growth()  # a prediction pass over millions of items: see pipeline.training.memory
-    table = trainer.predict(
-        PredictContext(
-            index=index,
-            config=trainer.parse_config(record.config),
-            num_workers=chain_settings.num_workers,
-            log=context.log.info,
-            device=choose_device(chain_settings.device),
-            checkpoint_dir=training_run.checkpoint_dir,
-            checkpoint_sha256=record.checkpoint.sha256,
-        )
+    ctx = PredictContext(
+        index=index,
+        config=trainer.parse_config(record.config),
+        num_workers=chain_settings.num_workers,
+        log=context.log.info,
+        device=choose_device(chain_settings.device),
+        checkpoint_dir=training_run.checkpoint_dir,
+        checkpoint_sha256=record.checkpoint.sha256,
     )
+    table = trainer.predict(ctx)
     if not isinstance(table, pa.Table):
         raise TrainerError(
             f"{record.trainer.path}.predict returned {type(table).__name__}, expected pa.Table"
@@ -55,6 +54,7 @@ def prediction_table(
         "dagster/column_schema": md.column_schema(Schema.from_arrow(table.schema), index.id_field),
         **md.identity("snapshot", index.snapshot.identity),
         "checkpoint_sha256": md.digest(record.checkpoint.sha256),
+        **ctx.metadata,  # what the trainer says of its predictions (values filled, unseen)
     }
     if fmt.STATUS_COLUMN in table.column_names:
         by_status, _ = fmt.count_statuses(table.column(fmt.STATUS_COLUMN))

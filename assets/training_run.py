@@ -32,7 +32,13 @@ from pipeline.training.record import (
 )
 from pipeline.training.runner import OUTCOME, TrainSummary, progress_key, train_once
 from pipeline.training.tethered import tethered
-from pipeline.training.trainer import REFERENCE_TRAINER, Trainer, load_trainer, trainer_info
+from pipeline.training.trainer import (
+    REFERENCE_TRAINER,
+    Trainer,
+    TrainerError,
+    load_trainer,
+    trainer_info,
+)
 from resources.bundle_store import BundleStore
 from resources.dagster.artifacts import ArtifactStore
 from resources.dagster.chain_settings import ChainSettings
@@ -160,10 +166,14 @@ def training_run_asset(
         path = values.pop("trainer")
         trainer = load_trainer(path)
         params = trainer.parse_config(values)
+        index = disjoint_index
+        try:  # against the manifest's schema, before anything is read or launched
+            trainer.check(params, index.schema, index.id_field)
+        except TrainerError as e:
+            raise dg.Failure(str(e)) from None
         params_data = params.model_dump(mode="json") if hasattr(params, "model_dump") else params
         out = artifacts.directory(context)
         world = chain_settings.world_size
-        index = disjoint_index
         key = progress_key(index, path, params_data)  # any shape resumes its cuts
         progress_dir = artifacts.progress(context.asset_key, key)
         reported: dict = {}
@@ -210,7 +220,8 @@ def training_run_asset(
             "record": dg.MetadataValue.path(str(record_path)),
             "record_json": dg.MetadataValue.json(json.loads(record_text(record))),
             "features": md.features_table(record.features),
-            **{k: md.number(v) for k, v in record.metrics.items()},
+            **md.missing_values(record.features),
+            **{k: md.metric(v) for k, v in record.metrics.items()},
             "world_size": world,
             "device": summary.device,
             "items_iterated": report.items_iterated,
@@ -222,7 +233,7 @@ def training_run_asset(
         if summary.loss_curve:
             svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")
             meta["loss_curve"] = dg.MetadataValue.md(charts.svg_markdown(svg))
-            meta["final_loss"] = md.number(summary.loss_curve[-1])
+            meta["final_loss"] = md.metric(summary.loss_curve[-1])
         return dg.Output(
             TrainedModel(index, out, record),
             metadata=meta,

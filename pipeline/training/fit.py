@@ -20,6 +20,7 @@ import contextlib
 import math
 from typing import Literal
 
+import pyarrow as pa
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,17 +32,25 @@ from pipeline.readers.batches import accepted_mask, confidence_weights
 from pipeline.training.device import cpu_state_dict, tensor_to, to_device
 from pipeline.training.features import (
     FeatureSpec,
+    FittedFeatures,
     Task,
     check_label,
     choose_features,
     class_targets,
-    fit_spec,
+    fit_features,
     holdout_mask,
+    incomplete_rows,
     regression_targets,
     to_features,
 )
-from pipeline.training.model import MLP, save_checkpoint
-from pipeline.training.trainer import FeatureSet, FitContext, FitResult, merge_tallied_states
+from pipeline.training.model import model_for, save_checkpoint
+from pipeline.training.trainer import (
+    FeatureSet,
+    FitContext,
+    FitResult,
+    TrainerError,
+    merge_tallied_states,
+)
 
 CHECKPOINT = "model.pt"
 
@@ -74,9 +83,29 @@ class ReferenceConfig(BaseModel):
     amp: bool = Field(
         default=False, description="bfloat16 autocast for the forward pass and loss (GPU speed)"
     )
+    one_hot_max: int = Field(
+        default=16,
+        ge=0,
+        description="a string feature with at most this many values is one-hot encoded; one "
+        "with more is embedded",
+    )
+    max_categories: int = Field(
+        default=10_000,
+        ge=1,
+        # an embedded code travels in the float32 input: exact far beyond this
+        le=1_000_000,
+        description="values kept per string feature, the most frequent (ties by value); the "
+        "rest count as unseen",
+    )
+    missing: Literal["fill", "drop", "refuse"] = Field(
+        default="fill",
+        description="a row missing a feature value (null, NaN): filled (a number with its "
+        "training mean, a category with none) beside a validity indicator; dropped (neither "
+        "trained on nor scored, predicted as null); or refused (the fit stops, naming the column)",
+    )
 
     def choose_features(
-        self, schema: Schema, id_field: str
+        self, schema: Schema | pa.Schema, id_field: str
     ) -> tuple[list[SchemaField], FeatureSet]:
         """The feature columns this config names (or, with ``auto_features``, every usable one
         but ``exclude``) in ``schema``, and what to record: ``features.choose_features``."""
@@ -92,7 +121,13 @@ class ReferenceConfig(BaseModel):
 
 #: Config fields added after checkpoints were first written, left out of a checkpoint while at
 #: their default: a fit trained as before then writes the same bytes (and digest) as before.
-_LATER_FIELDS = {"amp": False, "mix": False}
+_LATER_FIELDS = {
+    "amp": False,
+    "mix": False,
+    "one_hot_max": 16,
+    "max_categories": 10_000,
+    "missing": "fill",
+}
 
 
 def checkpoint_config(config: ReferenceConfig) -> dict:
@@ -102,6 +137,20 @@ def checkpoint_config(config: ReferenceConfig) -> dict:
         if data.get(name) == default:
             del data[name]
     return data
+
+
+def check_config(
+    config: ReferenceConfig, schema: Schema | pa.Schema, id_field: str
+) -> tuple[list[SchemaField], FeatureSet]:
+    """Refuse a config that cannot work on ``schema`` before any work; else the feature fields.
+
+    ``schema`` is a bundle manifest's, or an Arrow schema (a table about to be staged). A
+    label or feature that is not a column, or is of a type the trainer cannot take (a list of
+    strings, a nested struct), is one :class:`TrainerError` line naming the column, its type
+    and what would work. Returns what :meth:`ReferenceConfig.choose_features` does.
+    """
+    check_label(schema, config.label, config.task)
+    return config.choose_features(schema, id_field)
 
 
 def _all_sum(values: list[float], world_size: int) -> list[float]:
@@ -145,10 +194,12 @@ def step_tensors(
     keep = tensor_to(has_y, device) & ~held_out
     if config.accepted_only and has_status:
         keep &= tensor_to(accepted_mask(batch), device)
+    if config.missing != "fill":
+        keep &= ~incomplete_rows(batch, spec, device=device)
     w = keep.to(torch.float32)
     if config.weight_by_confidence and has_status:
         w = w * confidence_weights(batch)
-    return to_features(batch, spec), tensor_to(y, device), w
+    return to_features(batch, spec, device=device), tensor_to(y, device), w
 
 
 def row_loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
@@ -187,33 +238,48 @@ def fit_reference(ctx: FitContext) -> FitResult:
     """Choose features, fit their normalisation, train, evaluate, and write the checkpoint."""
     config: ReferenceConfig = ctx.config
     index = ctx.index
-    check_label(index.schema, config.label, config.task)
-    fields, feature_set = config.choose_features(index.schema, index.id_field)
+    fields, feature_set = check_config(config, index.schema, index.id_field)
     if config.auto_features:
         ctx.log(f"auto_features chose {feature_set.used}; left out {feature_set.dropped}")
     has_status = index.is_result
     torch.manual_seed(config.seed)
+    # Only what the fit uses is read (the id and lithi_* columns come too): less to decode,
+    # and a column no model takes (a list of strings, say) is never read at all.
+    columns = [config.label, *feature_set.used]
     loader = ctx.loader(
         style=config.reader,
         batch_size=config.batch_size,
         shuffle=True,
         mix=config.mix,
         seed=config.seed,
+        columns=columns,
     )
     resumed = ctx.progress.load()
     if resumed is None:
-        spec = fit_spec(
+        fitted = fit_features(
             loader,
             fields,
             task=config.task,
             label=config.label,
             has_status=has_status,
             world_size=ctx.world_size,
+            id_field=index.id_field,
+            holdout_percent=config.holdout_percent,
+            one_hot_max=config.one_hot_max,
+            max_categories=config.max_categories,
         )
+        _refuse_missing(fitted, config)
+        if ctx.rank == 0:
+            _log_fitted(ctx, fitted, config)
     else:
-        spec = FeatureSpec.model_validate(resumed.shared["spec"])
+        fitted = FittedFeatures(
+            spec=FeatureSpec.model_validate(resumed.shared["spec"]),
+            **resumed.shared.get("fitted", {"missing": {}, "incomplete_rows": 0, "rows": 0}),
+        )
+    spec = fitted.spec
+    feature_set = feature_set.model_copy(update=_missing_record(fitted, config))
     device = ctx.device
-    model = MLP(spec.dim, config.hidden, spec.outputs).to(device)  # initialised on the CPU
+    model = model_for(spec, config.hidden).to(device)  # initialised on the CPU
     opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     curve: list[float] = []
     first_epoch, step, done = 0, 0, 0
@@ -270,6 +336,11 @@ def fit_reference(ctx: FitContext) -> FitResult:
                         step,
                         shared={
                             "spec": spec.model_dump(),
+                            "fitted": {
+                                "missing": fitted.missing,
+                                "incomplete_rows": fitted.incomplete_rows,
+                                "rows": fitted.rows,
+                            },
                             "model": cpu_state_dict(model),
                             "optimizer": opt.state_dict(),
                             "rng": torch.get_rng_state(),
@@ -296,6 +367,45 @@ def fit_reference(ctx: FitContext) -> FitResult:
     return FitResult(metrics=metrics, loss_curve=curve, features=feature_set)
 
 
+def _refuse_missing(fitted: FittedFeatures, config: ReferenceConfig) -> None:
+    """With ``missing: refuse``, stop before training if any feature misses a value."""
+    if config.missing != "refuse":
+        return
+    found = [(name, n) for name, n in fitted.missing.items() if n]
+    if found:
+        (name, n), rest = found[0], found[1:]
+        others = "".join(f", {other!r} has {m}" for other, m in rest)
+        raise TrainerError(
+            f"feature {name!r} has {n} missing value(s){others} (null or NaN, among the "
+            f"{fitted.rows} rows used for fitting) and missing is 'refuse'; fill them in the "
+            "table, or set missing to 'fill' or 'drop'"
+        )
+
+
+def _missing_record(fitted: FittedFeatures, config: ReferenceConfig) -> dict:
+    """What the record says of missing values: the rule, and what it did."""
+    if config.missing == "fill":
+        return {"missing": "fill", "filled": dict(fitted.missing)}
+    if config.missing == "drop":
+        return {"missing": "drop", "rows_dropped": fitted.incomplete_rows}
+    return {"missing": "refuse"}
+
+
+def _log_fitted(ctx: FitContext, fitted: FittedFeatures, config: ReferenceConfig) -> None:
+    for col in fitted.spec.columns:
+        if col.is_category:
+            beyond = fitted.left_out.get(col.name, 0)
+            more = f" ({beyond} rarer ones left out: unseen)" if beyond else ""
+            ctx.log(f"{col.name}: {len(col.vocabulary)} values, {col.encoding}{more}")
+    missing = {k: v for k, v in fitted.missing.items() if v}
+    if missing:
+        what = {"fill": "filled", "drop": "rows dropped", "refuse": "refused"}[config.missing]
+        ctx.log(
+            f"missing values among the {fitted.rows} rows used for fitting ({what}): {missing}"
+            + (f"; {fitted.incomplete_rows} rows dropped" if config.missing == "drop" else "")
+        )
+
+
 @torch.no_grad()
 def evaluate_model(
     model: nn.Module, ctx: FitContext, spec: FeatureSpec, config: ReferenceConfig
@@ -307,7 +417,10 @@ def evaluate_model(
     model.eval()
     index = ctx.index
     device = ctx.device
-    loader = ctx.loader(style=config.reader, batch_size=1024, shuffle=False, num_workers=0)
+    columns = [config.label, *(c.name for c in spec.columns)]
+    loader = ctx.loader(
+        style=config.reader, batch_size=1024, shuffle=False, num_workers=0, columns=columns
+    )
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:
@@ -317,7 +430,9 @@ def evaluate_model(
         if index.is_result:
             ok = ok & tensor_to(accepted_mask(batch), device)
         hold = tensor_to(holdout_mask(batch[index.id_field], config.holdout_percent), device)
-        logits = model(to_features(batch, spec)).float()
+        if config.missing != "fill":  # a row it would not train on is not scored either
+            ok = ok & ~incomplete_rows(batch, spec, device=device)
+        logits = model(to_features(batch, spec, device=device)).float()
         for k, part in enumerate((ok & hold, ok & ~hold)):
             acc[3 * k] += part.sum().double()
             if spec.task == "classification":

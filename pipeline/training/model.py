@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,17 @@ from pipeline.training.features import FeatureSpec
 
 
 class MLP(nn.Module):
-    """A small multilayer perceptron: class logits, or one regressed value."""
+    """A small multilayer perceptron: class logits, or one regressed value.
 
-    def __init__(self, dim: int, hidden: int, outputs: int) -> None:
+    ``embeddings`` lists ``(codes, size)`` per embedded category column
+    (:attr:`FeatureSpec.embeddings`): the input then ends with one code per such column, which
+    the model looks up; code 0 (a null or an unseen value) is a zero vector, never trained.
+    ``dim`` is the width after the lookup.
+    """
+
+    def __init__(
+        self, dim: int, hidden: int, outputs: int, embeddings: Sequence[tuple[int, int]] = ()
+    ) -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
@@ -31,10 +40,25 @@ class MLP(nn.Module):
             nn.ReLU(),
             nn.Linear(hidden, outputs),
         )
+        self.embeddings: nn.ModuleList | None = None
+        if embeddings:  # made after the layers: a model without any draws the weights it did
+            self.embeddings = nn.ModuleList(
+                nn.Embedding(codes, size, padding_idx=0) for codes, size in embeddings
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for each class (classification) or the standardised value (regression)."""
+        if self.embeddings is not None:
+            k = len(self.embeddings)
+            codes = x[:, -k:].long()
+            looked_up = [e(codes[:, i]) for i, e in enumerate(self.embeddings)]
+            x = torch.cat([x[:, :-k], *looked_up], dim=1)
         return self.net(x)
+
+
+def model_for(spec: FeatureSpec, hidden: int) -> MLP:
+    """The MLP a :class:`FeatureSpec` takes, initialised from torch's current random state."""
+    return MLP(spec.dim, hidden, spec.outputs, spec.embeddings)
 
 
 def save_checkpoint(
@@ -61,7 +85,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[MLP, FeatureSpec]:
     """Load a checkpoint with ``weights_only=True``: tensors and plain data, never pickled code."""
     ckpt = torch.load(Path(path), weights_only=True)
     spec = FeatureSpec.model_validate(ckpt["spec"])
-    model = MLP(spec.dim, int(ckpt["hidden"]), spec.outputs)
+    model = model_for(spec, int(ckpt["hidden"]))
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     return model, spec

@@ -6,6 +6,11 @@ read with the iterable reader, in part order: its memory is one row group, where
 reader keeps every decoded part it touched (the whole bundle, for a full pass). Columns stay
 Arrow and numpy end to end; no per-item Python object is made. On a GPU (``ctx.device``) the
 model runs there, on batches large enough to keep it busy, and only its outputs come back.
+
+What the features met is counted and reported in ``ctx.metadata``: values filled (missing) and
+values a category's vocabulary never saw in training (unseen, predicted with the all-zero
+encoding), per feature. A checkpoint trained with ``missing`` ``drop`` or ``refuse`` never saw a
+missing value, so a row missing one gets a null prediction rather than a guess.
 """
 
 from __future__ import annotations
@@ -16,7 +21,12 @@ import torch
 
 from pipeline.bundle import format as fmt
 from pipeline.training.device import to_device
-from pipeline.training.features import to_features
+from pipeline.training.features import (
+    FeatureColumn,
+    ValueCounts,
+    incomplete_rows,
+    to_features,
+)
 from pipeline.training.fit import CHECKPOINT
 from pipeline.training.model import load_checkpoint
 from pipeline.training.trainer import PredictContext
@@ -38,7 +48,13 @@ def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> 
     if batch_size is None:
         batch_size = BATCH_ROWS.get(device.type, BATCH_ROWS["cpu"])
     index = ctx.index
-    loader = ctx.loader(style="iterable", batch_size=batch_size, shuffle=False, num_workers=0)
+    loader = ctx.loader(
+        style="iterable",
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=0,
+        columns=[c.name for c in spec.columns],  # and the id and lithi_* columns
+    )
     ids: list[pa.Array] = []
     statuses: list[pa.Array] = []
     # Results go into arrays allocated once: a small array kept per batch, between the batch's
@@ -48,8 +64,15 @@ def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> 
     preds = np.empty(cap, dtype=np.int64 if classify else np.float64)
     scores = np.empty(cap if classify else 0, dtype=np.float32)
     n = 0
+    counts = ValueCounts()
+    guess = ctx.config.missing == "fill"
+    unknown = np.zeros(0 if guess else cap, dtype=np.bool_)  # rows predicted as null
     for batch in loader:
-        out = model(to_features(to_device(batch, device), spec))
+        batch = to_device(batch, device)
+        out = model(to_features(batch, spec, device=device, counts=counts))
+        if not guess:
+            gap = incomplete_rows(batch, spec, device=device)
+            unknown[n : n + out.shape[0]] = gap.cpu().numpy()
         ids.append(pa.array(batch[index.id_field], pa.string()))
         if index.is_result:
             statuses.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
@@ -65,11 +88,12 @@ def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> 
     columns: dict[str, pa.Array] = {
         index.id_field: pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     }
+    mask = None if guess else unknown[:n]
     if classify:
-        columns["prediction"] = pa.array(spec.classes).take(pa.array(preds[:n]))
-        columns["score"] = pa.array(scores[:n], pa.float32())
+        columns["prediction"] = pa.array(spec.classes).take(pa.array(preds[:n], mask=mask))
+        columns["score"] = pa.array(scores[:n], pa.float32(), mask=mask)
     else:
-        columns["prediction"] = pa.array(preds[:n], pa.float64())
+        columns["prediction"] = pa.array(preds[:n], pa.float64(), mask=mask)
     if index.is_result:
         columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
     # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64 (a
@@ -77,4 +101,22 @@ def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> 
     columns["checkpoint_sha256"] = pa.DictionaryArray.from_arrays(
         pa.array(np.zeros(n, dtype=np.int8)), pa.array([ctx.checkpoint_sha256], pa.string())
     )
+    ctx.metadata.update(_report(counts, spec.columns, 0 if guess else int(unknown[:n].sum())))
     return pa.table(columns)
+
+
+def _report(
+    counts: ValueCounts, columns: list[FeatureColumn], not_predicted: int
+) -> dict[str, int]:
+    """Totals always; per feature (``filled/<name>``, ``unseen/<name>``) only where nonzero, so
+    a wide table of complete columns adds two entries, not two per column."""
+    filled = {name: int(n) for name, n in counts.filled.items()}
+    unseen = {name: int(n) for name, n in counts.unseen.items()}
+    out = {"values_filled": sum(filled.values()), "values_unseen": sum(unseen.values())}
+    for col in columns:
+        for kind, found in (("filled", filled), ("unseen", unseen)):
+            if found.get(col.name):
+                out[f"{kind}/{col.name}"] = found[col.name]
+    if not_predicted:
+        out["rows_not_predicted"] = not_predicted
+    return out

@@ -3,7 +3,8 @@
 It is one implementation of the interface any user trainer implements, chosen by default
 (``pipeline.training.reference:ReferenceTrainer``). Classification or regression, an explicit
 label and feature list (or ``auto_features`` when asked, with what it chose and left out in the
-record), rows weighted by ``lithi_confidence`` and filtered to accepted ones, nulls masked.
+record), numbers and string categories, rows weighted by ``lithi_confidence`` and filtered to
+accepted ones, missing values filled and counted (or rows dropped, or the fit refused).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import importlib.metadata
 
 import pyarrow as pa
 
-from pipeline.training.fit import ReferenceConfig, fit_reference
+from pipeline.bundle.manifest import Schema
+from pipeline.training.fit import ReferenceConfig, check_config, fit_reference
 from pipeline.training.predict import predict_reference
 from pipeline.training.trainer import FitContext, FitResult, PredictContext, Trainer
 
@@ -29,6 +31,11 @@ class ReferenceTrainer(Trainer):
 
     Config = ReferenceConfig
     version = _project_version()
+
+    def check(self, config: ReferenceConfig, schema: Schema, id_field: str) -> None:
+        """Refuse a label or feature ``schema`` cannot give, in one line
+        (:func:`~pipeline.training.fit.check_config`)."""
+        check_config(config, schema, id_field)
 
     def fit(self, ctx: FitContext) -> FitResult:
         """Train the MLP and write ``model.pt`` (:func:`~pipeline.training.fit.fit_reference`)."""

@@ -49,6 +49,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.bundle.errors import one_line
+from pipeline.bundle.manifest import Schema
 from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import OwnerCounts, Tally
@@ -65,12 +66,20 @@ class TrainerError(ValueError):
 
 
 class FeatureSet(BaseModel):
-    """The features a trainer declares it used, and the columns it left out with the reason."""
+    """The features a trainer declares it used, the columns it left out with the reason, and
+    what it did with missing values (when it says)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     used: list[str]
     dropped: dict[str, str] = {}
+    #: what a row missing a feature value got: ``fill``, ``drop`` or ``refuse``; None: not said
+    missing: Literal["fill", "drop", "refuse"] | None = None
+    #: values missing (null, or NaN in a float) and filled, per feature, among the rows the fit
+    #: used
+    filled: dict[str, int] = {}
+    #: rows the fit left out for a missing feature value (``missing`` is ``drop``)
+    rows_dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -273,12 +282,18 @@ class FitContext(_Context):
 
 
 class PredictContext(_Context):
-    """``predict``'s arguments: the index, the config, the checkpoint directory and its digest."""
+    """``predict``'s arguments: the index, the config, the checkpoint directory and its digest.
+
+    ``predict`` may put what a person should know about its predictions in :attr:`metadata`
+    (counts of values it filled or never saw in training, say): the pipeline shows it beside
+    the prediction table.
+    """
 
     def __init__(self, *, checkpoint_dir: Path, checkpoint_sha256: str, **kw: Any) -> None:
         super().__init__(rank=0, world_size=1, **kw)
         self.checkpoint_dir = Path(checkpoint_dir)
         self.checkpoint_sha256 = checkpoint_sha256
+        self.metadata: dict[str, int | float | str] = {}
 
 
 class Trainer(abc.ABC):
@@ -296,6 +311,15 @@ class Trainer(abc.ABC):
     @abc.abstractmethod
     def predict(self, ctx: PredictContext) -> pa.Table:
         """Return one row per item of ``ctx.index``, keyed by its string id column."""
+
+    def check(self, config: Any, schema: Schema, id_field: str) -> None:  # noqa: B027 (optional)
+        """Refuse a config that cannot work on a bundle declaring ``schema``, before any work.
+
+        The pipeline calls it before training starts (on the manifest's schema, nothing read),
+        so a column that is missing or of the wrong type stops the run at once: raise one
+        :class:`TrainerError` line naming the column, its type and what would work. The
+        default accepts everything.
+        """
 
     def parse_config(self, config: Mapping[str, Any] | BaseModel | None) -> Any:
         """The config as ``fit``/``predict`` receive it: a ``Config`` instance, or a dict."""

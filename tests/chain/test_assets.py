@@ -170,6 +170,9 @@ def test_the_training_run_records_the_data_and_code_beside_its_checkpoint(links)
     assert meta["checkpoint_sha256"] == record.checkpoint.sha256
     assert record.reconciliation.ok and record.reconciliation.items_iterated == 178
     assert meta["holdout_accuracy"] > 0.5
+    # every metric is a float, an item count or an accuracy of exactly 1.0 included
+    for name in record.metrics:
+        assert isinstance(links.training.metadata[name], dg.FloatMetadataValue), name
     assert iterated_counts_reconcile(training_run=model).passed
 
 

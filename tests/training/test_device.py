@@ -206,11 +206,13 @@ def test_a_checkpoint_is_saved_from_cpu_copies_with_todays_bytes(tmp_path):
 
 
 def test_the_checkpoint_config_leaves_later_fields_out_at_their_default():
+    later = {"amp", "mix", "one_hot_max", "max_categories", "missing"}
     default = checkpoint_config(ReferenceConfig())
-    assert "amp" not in default and "mix" not in default
-    assert set(default) == set(ReferenceConfig.model_fields) - {"amp", "mix"}
+    assert set(default) == set(ReferenceConfig.model_fields) - later
     assert checkpoint_config(ReferenceConfig(amp=True))["amp"] is True
     assert checkpoint_config(ReferenceConfig(mix=True))["mix"] is True
+    assert checkpoint_config(ReferenceConfig(missing="drop"))["missing"] == "drop"
+    assert checkpoint_config(ReferenceConfig(one_hot_max=4))["one_hot_max"] == 4
 
 
 def _result_index(tmp_path) -> Index:

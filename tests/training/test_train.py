@@ -138,7 +138,10 @@ def test_features_are_never_chosen_silently(classes, tmp_path):
 
 @pytest.mark.parametrize(
     ("features", "message"),
-    [(["nope"], "'nope' is not declared"), (["note"], "'note' cannot be used: string")],
+    [
+        (["nope"], "'nope' is not a column of this bundle \\(did you mean 'note'\\?\\)"),
+        (["x", "x"], "'x' is named twice"),
+    ],
 )
 def test_an_unusable_explicit_feature_is_named(classes, tmp_path, features, message):
     with pytest.raises(TrainerError, match=message):
