@@ -19,7 +19,7 @@ from resources.dagster.chain_settings import ChainSettings
     group_name=CHAIN_GROUP,
     io_manager_key=IO_MANAGER_KEY,
     kinds={"pytorch", "parquet"},
-    code_version="3",
+    code_version="4",
 )
 def prediction_table(
     context: dg.AssetExecutionContext, training_run: TrainedModel, chain_settings: ChainSettings

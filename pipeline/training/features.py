@@ -700,7 +700,11 @@ def regression_targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, to
 def holdout_mask(ids: list[str], percent: int) -> torch.Tensor:
     """Which items are held out: a pure function of each id (a fixed 64-bit hash), never of a
     seed, a position or Python's per-process ``hash()``; vectorised over the batch."""
-    if percent == 0 or not ids:
-        return torch.zeros(len(ids), dtype=torch.bool)
-    h = hash64(pa.array(ids, type=pa.string()))
-    return torch.from_numpy((h % np.uint64(100)).astype(np.int64) < percent)
+    return torch.from_numpy(holdout_flags(pa.array(ids, type=pa.string()), percent))
+
+
+def holdout_flags(ids: pa.Array, percent: int) -> np.ndarray:
+    """:func:`holdout_mask` over an Arrow array of ids, as numpy booleans."""
+    if percent == 0 or len(ids) == 0:
+        return np.zeros(len(ids), dtype=np.bool_)
+    return (hash64(ids) % np.uint64(100)).astype(np.int64) < percent

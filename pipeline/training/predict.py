@@ -1,11 +1,13 @@
 """The reference trainer's predictions: one row per item, keyed by the same id.
 
 Failed and abstained items are predicted too, so the table accounts for the whole manifest;
-their ``lithi_status`` travels beside the prediction so a reader can tell them apart. Items are
-read with the iterable reader, in part order: its memory is one row group, where the map-style
-reader keeps every decoded part it touched (the whole bundle, for a full pass). Columns stay
-Arrow and numpy end to end; no per-item Python object is made. On a GPU (``ctx.device``) the
-model runs there, on batches large enough to keep it busy, and only its outputs come back.
+their ``lithi_status`` travels beside the prediction so a reader can tell them apart, and
+``holdout`` says which rows the fit held out (its holdout metrics are over the accepted ones).
+Items are read with the iterable reader, in part order: its memory is one row group, where the
+map-style reader keeps every decoded part it touched (the whole bundle, for a full pass).
+Columns stay Arrow and numpy end to end; no per-item Python object is made. On a GPU
+(``ctx.device``) the model runs there, on batches large enough to keep it busy, and only its
+outputs come back.
 
 What the features met is counted and reported in ``ctx.metadata``: values filled (missing) and
 values a category's vocabulary never saw in training (unseen, predicted with the all-zero
@@ -24,6 +26,7 @@ from pipeline.training.device import to_device
 from pipeline.training.features import (
     FeatureColumn,
     ValueCounts,
+    holdout_flags,
     incomplete_rows,
     to_features,
 )
@@ -96,6 +99,10 @@ def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> 
         columns["prediction"] = pa.array(preds[:n], pa.float64(), mask=mask)
     if index.is_result:
         columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
+    # the split made visible: a baseline can be scored on the same held-out rows
+    columns["holdout"] = pa.array(
+        holdout_flags(columns[index.id_field], ctx.config.holdout_percent), pa.bool_()
+    )
     # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64 (a
     # staged bundle declares it string; Parquet stores it dictionary-encoded either way).
     columns["checkpoint_sha256"] = pa.DictionaryArray.from_arrays(

@@ -202,3 +202,19 @@ def test_holdout_is_a_function_of_the_id_alone():
     again = holdout_mask(list(reversed(ids)), 20)
     assert torch.equal(mask, again.flip(0))  # order, seed and process never move an item
     assert not holdout_mask(ids, 0).any()
+
+
+def test_the_prediction_table_says_which_rows_were_held_out(classes, tmp_path):
+    """The split is visible: comparing against a baseline on the same held-out rows needs no
+    internal function. Held-out accepted rows are the ones the holdout metrics count."""
+    config = {"label": "lithi_label", "features": FEATURES, "epochs": 1, "holdout_percent": 30}
+    result, _, _, _, table = train(classes, tmp_path / "ckpt", config)
+    held = table.column("holdout")
+    assert held.type == pa.bool_() and held.null_count == 0
+    ids = table.column("id").to_pylist()
+    assert held.to_pylist() == holdout_mask(ids, 30).tolist()
+    accepted = np.array(table.column("lithi_status").to_pylist()) == "accepted"
+    assert (
+        int((held.to_numpy(zero_copy_only=False) & accepted).sum())
+        == result.metrics["holdout_items"]
+    )
