@@ -433,19 +433,10 @@ class FittedFeatures:
     left_out: dict[str, int] = field(default_factory=dict)
 
 
-def fit_spec(
-    batches: Iterable[dict],
-    fields: list[SchemaField],
-    *,
-    task: Task,
-    label: str,
-    has_status: bool,
-    world_size: int = 1,
-) -> FeatureSpec:
-    """Fit normalisation and classes in one pass over ``batches`` (see :func:`fit_features`)."""
-    return fit_features(
-        batches, fields, task=task, label=label, has_status=has_status, world_size=world_size
-    ).spec
+def fit_spec(batches: Iterable[dict], fields: list[SchemaField], **options: Any) -> FeatureSpec:
+    """Fit normalisation and classes in one pass over ``batches``: :func:`fit_features`'s spec,
+    with the same keyword options."""
+    return fit_features(batches, fields, **options).spec
 
 
 def fit_features(

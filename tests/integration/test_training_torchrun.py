@@ -14,6 +14,21 @@ from assets.training_run import TrainingConfig
 from pipeline.training.record import read_record
 
 
+def _materialize(resources: dict, config: TrainingConfig, selection: list) -> tuple:
+    """Materialize ``selection`` of the chain on a test instance; the result and its log lines."""
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            CHAIN_ASSETS,
+            resources=resources,
+            run_config=dg.RunConfig(ops={"training_run": config}),
+            instance=instance,
+            selection=selection,
+        )
+        assert result.success
+        logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    return result, logs
+
+
 def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
     tmp_path, labelled_samples, monkeypatch
 ):
@@ -33,15 +48,7 @@ def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
         batch_size=8,
         auto_features=True,
     )
-    with dg.instance_for_test() as instance:
-        result = dg.materialize(
-            CHAIN_ASSETS,
-            resources=resources,
-            run_config=dg.RunConfig(ops={"training_run": config}),
-            instance=instance,
-        )
-        assert result.success
-        logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    result, logs = _materialize(resources, config, CHAIN_ASSETS)
     assert marker.exists(), "rank 1 was meant to be killed once"
     meta = result.asset_materializations_for_node("training_run")[0].metadata
     # Metadata reported from inside the torchrun process came back through the Pipes channel
@@ -82,16 +89,11 @@ def test_an_attempt_that_raises_leaves_the_channel_open_for_torchruns_restart(
     config = TrainingConfig(
         trainer="tests.helpers.flaky_trainer:FailsOnce", epochs=1, batch_size=8, auto_features=True
     )
-    with dg.instance_for_test() as instance:
-        result = dg.materialize(
-            CHAIN_ASSETS,
-            resources=resources,
-            run_config=dg.RunConfig(ops={"training_run": config}),
-            instance=instance,
-            selection=["result_manifest", "verified_snapshot", "disjoint_index", "training_run"],
-        )
-        assert result.success
-        logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    result, logs = _materialize(
+        resources,
+        config,
+        ["result_manifest", "verified_snapshot", "disjoint_index", "training_run"],
+    )
     assert (tmp_path / "failed").exists(), "the first attempt was meant to fail"
     assert not [m for m in logs if "unexpected message" in m], logs
     assert any("epoch 1/1" in m for m in logs), logs
