@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from pipeline.bundle.verify import verify
-from pipeline.defs.instance import PROJECT_YAML
 from pipeline.training.record import OutputRecord, read_record
 from resources.settings import REPO_ROOT
 from tests.helpers.timing import limit
@@ -54,15 +54,13 @@ def scratch(tmp_path: Path) -> Path:
     """A directory laid out like the repository root, holding the user's table."""
     for name in (".venv", "examples"):
         (tmp_path / name).symlink_to(REPO_ROOT / name)
-    (tmp_path / "dagster_home").mkdir()
-    (tmp_path / "dagster_home" / "dagster.yaml").write_text(PROJECT_YAML.read_text())
-    my_table(tmp_path / "my_table.parquet")
+    my_table(tmp_path / "my_table.parquet")  # and no DAGSTER_HOME: the recipe makes its own
     return tmp_path
 
 
 def run_readme(scratch: Path, *, world_size: int) -> subprocess.CompletedProcess[str]:
     commands = readme_commands()
-    assert len(commands) <= 5 and commands[0] == "make setup"
+    assert len(commands) <= 7 and commands[0] == "make setup"
     script = "\n".join(["set -euo pipefail", *commands[1:]])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LITHI_", "DAGSTER_"))}
     env |= {"LITHI_WORLD_SIZE": str(world_size), "LITHI_NUM_WORKERS": "0"}
@@ -83,6 +81,14 @@ def test_the_readme_goes_from_a_parquet_file_to_a_verified_output_bundle(scratch
     assert "VALID " in out.stdout  # lithi-bundle verify said so
     bundle = Path(out.stdout.split("VALID ", 1)[1].split()[0])
     output = verify(bundle)
+    # The recipe set up the fresh instance itself: the project's settings, telemetry off.
+    instance_yaml = yaml.safe_load((scratch / "dagster_home" / "dagster.yaml").read_text())
+    assert instance_yaml["telemetry"] == {"enabled": False}
+    assert instance_yaml["run_monitoring"]["enabled"] is True
+    # And it ends with one line saying what came out: the bundle, its digest, the metrics.
+    summary = out.stdout.strip().splitlines()[-1]
+    assert summary.startswith(f"output bundle {bundle} ({output.identity.content_sha256})"), summary
+    assert "final_weighted_loss 0." in summary and "reconciled 569/569" in summary, summary
     assert output.manifest.kind == "prediction" and output.manifest.counts.items == 569
 
     record_path = next((scratch / "work" / "artifacts" / "output_bundle").glob("*/record.json"))

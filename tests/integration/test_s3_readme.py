@@ -37,7 +37,7 @@ def test_the_readme_s3_variant_trains_from_and_publishes_to_s3(
     monkeypatch,
 ):
     bucket = s3_store.new_bucket()
-    local = readme_commands()[1:3]  # stage the table, export the chain's settings
+    local = readme_commands()[1:4]  # stage the table, export the settings, set up the instance
     install, *commands = s3_commands()
     assert install.startswith(".venv/bin/python -m pip install")
     script = "\n".join(["set -euo pipefail", *local, *commands])
