@@ -135,6 +135,20 @@ def _train_torchrun(
     return TrainSummary.model_validate_json((out / OUTCOME).read_text()), reported
 
 
+def _tag_run(context: dg.AssetExecutionContext, trainer_path: str, config: Any) -> None:
+    """Name the trainer and its effective config on the run (``lithi/trainer``,
+    ``lithi/trainer_config``): a run started from the CLI or a sensor carries no run config of
+    its own, so without these the runs list cannot tell which model a run trained."""
+    try:
+        run_id = context.run.run_id
+    except dg.DagsterError:  # DagsterInvalidPropertyError, not exported
+        return  # an asset body called directly, outside any run (build_asset_context)
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    context.instance.add_run_tags(
+        run_id, {"lithi/trainer": trainer_path, "lithi/trainer_config": text}
+    )
+
+
 def training_run_asset(
     trainer_path: str = REFERENCE_TRAINER, defaults: Mapping[str, Any] | None = None
 ) -> dg.AssetsDefinition:
@@ -172,6 +186,7 @@ def training_run_asset(
         except TrainerError as e:
             raise dg.Failure(str(e)) from None
         params_data = params.model_dump(mode="json") if hasattr(params, "model_dump") else params
+        _tag_run(context, path, params_data)
         out = artifacts.directory(context)
         world = chain_settings.world_size
         key = progress_key(index, path, params_data)  # any shape resumes its cuts
@@ -215,6 +230,7 @@ def training_run_asset(
             "index_sha256": md.digest(index.digest),
             "trainer": record.trainer.path,
             "trainer_version": record.trainer.version or "unknown",
+            "trainer_config": dg.MetadataValue.json(params_data),
             "checkpoint_sha256": md.digest(record.checkpoint.sha256),
             "checkpoint": dg.MetadataValue.path(str(out / CHECKPOINT_DIR)),
             "record": dg.MetadataValue.path(str(record_path)),

@@ -168,6 +168,7 @@ def test_the_training_run_records_the_data_and_code_beside_its_checkpoint(links)
     assert record.snapshot == links.snapshot.value.identity
     assert record.index_sha256 == meta["index_sha256"] == links.index.value.digest
     assert meta["checkpoint_sha256"] == record.checkpoint.sha256
+    assert meta["trainer_config"] == record.config  # the effective config, on the asset page
     assert record.reconciliation.ok and record.reconciliation.items_iterated == 178
     assert meta["holdout_accuracy"] > 0.5
     # every metric is a float, an item count or an accuracy of exactly 1.0 included

@@ -6,6 +6,8 @@ test_demo.py); this test checks what the demo cannot see: what came back through
 channel, the record, and the restart.
 """
 
+import json
+
 import dagster as dg
 
 from assets import CHAIN_ASSETS
@@ -26,6 +28,11 @@ def _materialize(resources: dict, config: TrainingConfig, selection: list) -> tu
         )
         assert result.success
         logs = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+        tags = instance.get_run_by_id(result.run_id).tags
+    # the run names its trainer and the config it trained with, whoever launched it
+    assert tags["lithi/trainer"] == config.trainer
+    trained_with = json.loads(tags["lithi/trainer_config"])
+    assert trained_with["epochs"] == config.epochs and trained_with["auto_features"] is True
     return result, logs
 
 
