@@ -90,6 +90,9 @@ def test_string_dictionary_and_nullable_features_train_with_a_saved_vocabulary(
     summary = json.loads(summarize(run_result(result, report), files, 1).model_dump_json())
     assert summary["features"]["filled"] == _missing_among_accepted(table)
     assert all(isinstance(v, float) for v in summary["metrics"].values()), summary["metrics"]
+    # the split is in the predictions: the rows the holdout metrics were measured on
+    held = holdout_mask(predictions["id"].to_pylist(), 20).tolist()
+    assert predictions["holdout"].to_pylist() == held
 
     m = result.metrics
     if task == "classification":
