@@ -22,17 +22,18 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -m pipeline.defs.demo
 
-## The whole test suite, linters first (ruff, then the import layering): both tiers. On a slow
-## or busy machine, LITHI_TEST_TIME_SCALE=2 (or more) stretches every time limit in the tests.
+## The whole test suite, linters first (ruff, then the import layering): both tiers, on every
+## core (pytest-xdist; -n 0 runs it in one process). On a slow or busy machine,
+## LITHI_TEST_TIME_SCALE=2 (or more) stretches every time limit in the tests.
 test: $(STAMP) browser lint
-	$(BIN)/python -m pytest -q -m "integration or not integration"
+	$(BIN)/python -m pytest -q -n auto -m "integration or not integration"
 
 ## The inner loop: everything but tests/integration/ (real daemons, torchrun, browsers, SIGKILLed
-## children), which pytest's addopts deselect, and fewer Hypothesis examples. `make test` is what
-## CI runs.
+## children), which pytest's addopts deselect, fewer Hypothesis examples and a quarter of each
+## exhaustive matrix, on every core (pytest-xdist). `make test` is what CI runs.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -q
+	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -q -n auto
 
 ## Chromium from Debian for the browser test (skipped with a loud reason where it cannot start).
 browser:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -116,11 +117,20 @@ def parts_by_owner(
         )
     if any(r < 0 for r in part_rows):
         raise ValueError("part row counts must be >= 0")
-    rows = [int(r) for r in part_rows]
-    out: list[list[int]] = []
+    layout = _layout(tuple(int(r) for r in part_rows), n_owners, workers_per_rank)
+    return [list(parts) for parts in layout]
+
+
+# Every owner of an epoch asks for the same layout (and a reader's length asks for all of them),
+# so it is balanced once per (sizes, shape), not once per owner per question.
+@lru_cache(maxsize=64)
+def _layout(
+    rows: tuple[int, ...], n_owners: int, workers_per_rank: int
+) -> tuple[tuple[int, ...], ...]:
+    out: list[tuple[int, ...]] = []
     for rank_parts in balance(rows, range(len(rows)), n_owners // workers_per_rank):
-        out.extend(balance(rows, rank_parts, workers_per_rank))
-    return out
+        out.extend(tuple(b) for b in balance(rows, rank_parts, workers_per_rank))
+    return tuple(out)
 
 
 def _rank_parts(part_rows: Sequence[int], world_size: int) -> list[list[int]]:

@@ -315,6 +315,7 @@ def _exactly_once(index, head, tail):
     assert sorted(head + tail) == index.ids.to_pylist()
 
 
+@pytest.mark.exhaustive
 @pytest.mark.filterwarnings("ignore::pipeline.readers.IdleOwnerWarning")
 @pytest.mark.parametrize("k", ["first", "middle", "last"])
 @pytest.mark.parametrize("after", SHAPES, ids=lambda s: f"to{s[0]}x{s[1]}")

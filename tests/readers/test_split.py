@@ -130,6 +130,16 @@ def test_assign_parts_is_deterministic_and_tie_breaks_by_position():
     assert split.parts_by_owner(rows, 2) == split.parts_by_owner(list(rows), 2)
 
 
+def test_a_layout_handed_out_is_the_callers_own():
+    """The layout is balanced once per (sizes, shape); what a caller does to its copy stays
+    with that caller."""
+    rows = [7, 3, 5, 1]
+    first = split.parts_by_owner(rows, 2)
+    first[0].append(99)
+    first.pop()
+    assert split.parts_by_owner(rows, 2) == [[0, 3], [1, 2]]
+
+
 def test_part_order_only_permutes():
     parts = [1, 4, 6, 9]
     for epoch in range(5):
