@@ -85,6 +85,7 @@ from pipeline.bundle.files import read_manifest_bytes, unsafe_paths
 from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.leftovers import owned_name, sweep
 from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
+from pipeline.bundle.receipt import verify_once
 from pipeline.bundle.verify import VerifiedSnapshot, verify
 from resources.credentials import CredentialRegistry, UnknownCredential
 
@@ -182,6 +183,7 @@ class BundleStore:
         self.bundles_dir = self.cache_dir / "bundles"
         self.locks_dir = self.cache_dir / "locks"
         self.incoming_dir = self.cache_dir / "incoming"
+        self.receipts_dir = self.cache_dir / "receipts"
         for d in (
             self.objects_dir,
             self.ledger_dir,
@@ -608,9 +610,17 @@ class BundleStore:
         )
 
     def verify(self, path: str | os.PathLike[str]) -> VerifiedSnapshot:
-        """Verify a bundle view of this cache: every rule, hashing only what the cache cannot
-        vouch for (see :meth:`trusted`)."""
-        return verify(path, trusted=self.trusted)
+        """Verify a bundle (a view of this cache, or any directory): in full once, hashing only
+        what the cache cannot vouch for (see :meth:`trusted`), then by its receipt while every
+        file keeps its fingerprint (:mod:`pipeline.bundle.receipt`; never with ``rehash``)."""
+        if self.rehash:
+            return verify(path, trusted=self.trusted)
+        return verify_once(path, self.receipt_path(path), trusted=self.trusted)
+
+    def receipt_path(self, path: str | os.PathLike[str]) -> Path:
+        """Where the receipt of the bundle at ``path`` is kept (one per directory)."""
+        key = sha256_bytes(str(Path(path).resolve()).encode())[:32]
+        return self.receipts_dir / f"{key}.json"
 
     # -- publish -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ violations: pyarrow's errors on a hostile file are never raised.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,24 @@ from pipeline.bundle.errors import (
 )
 from pipeline.bundle.ids import duplicates, id_hashes
 from pipeline.bundle.manifest import FileEntry, Manifest
+
+_decoded = 0
+_decoded_lock = threading.Lock()
+
+
+def ids_decoded() -> int:
+    """Item ids this process has decoded to check bundles so far (parts and outstanding lists).
+
+    Read it before and after a piece of work to see what that work re-checked (a load by
+    receipt decodes none: :mod:`pipeline.bundle.receipt`); it only ever grows.
+    """
+    return _decoded
+
+
+def _count_decoded(n: int) -> None:
+    global _decoded
+    with _decoded_lock:
+        _decoded += n
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,7 @@ def _inspect_file(p: Path, f: _File, id_field: str) -> _Found:
             found.errors.append(SchemaMismatch(f"{p}: {problem}", path=f.entry.path))
         found.schema_ok = problem is None
         if found.table is not None:
+            _count_decoded(found.table.num_rows)
             found.hashes = id_hashes(found.table.column(id_field))
     except (pa.ArrowException, OSError, ValueError) as e:
         found.errors.append(
