@@ -7,7 +7,7 @@ import dagster as dg
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle.errors import BundleError
-from pipeline.bundle.verify import VerifiedSnapshot, check
+from pipeline.bundle.verify import VerifiedSnapshot
 from resources.bundle_store import SourceBundle
 from resources.dagster.clients import BundleStoreResource
 
@@ -33,7 +33,7 @@ def verified_snapshot(
         fetched = store.fetch(source.url, credential_ref=source.credential_ref)
     except BundleError as e:
         raise dg.Failure(f"bundle at {source.url} could not be fetched: {e}") from e
-    result = check(fetched.path, trusted=store.trusted)
+    result = store.check(fetched.path)  # in full, leaving a receipt for the steps after this
     violations = [f"{type(e).__name__}: {e}" for e in result.errors]
     if not result.ok:
         raise dg.Failure(f"bundle {fetched.path} does not verify:\n" + "\n".join(violations))
@@ -70,13 +70,14 @@ def verified_snapshot(
     asset=verified_snapshot,
     blocking=True,
     description="The manifest binds every file and every bound file matches it (re-checked with "
-    "the cache's trust: every rule, hashing only what the cache cannot vouch for).",
+    "the cache's trust: by the verification's receipt while every file keeps its fingerprint, "
+    "else every rule, hashing only what the cache cannot vouch for).",
 )
 def manifest_binds_every_file(
     verified_snapshot: Path, bundle_store: BundleStoreResource
 ) -> dg.AssetCheckResult:
     """Verify the cached bundle view again, listing every violation found."""
-    result = check(verified_snapshot, trusted=bundle_store.store().trusted)
+    result = bundle_store.store().check(verified_snapshot)
     violations = [f"{type(e).__name__}: {e}" for e in result.errors]
     return dg.AssetCheckResult(
         passed=result.ok,

@@ -85,8 +85,8 @@ from pipeline.bundle.files import read_manifest_bytes, unsafe_paths
 from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.leftovers import owned_name, sweep
 from pipeline.bundle.manifest import FileEntry, Manifest, parse_manifest
-from pipeline.bundle.receipt import verify_once
-from pipeline.bundle.verify import VerifiedSnapshot, verify
+from pipeline.bundle.receipt import check_once
+from pipeline.bundle.verify import CheckResult, VerifiedSnapshot, check
 from resources.credentials import CredentialRegistry, UnknownCredential
 
 #: The most one ``write`` of a download hands the kernel: writes of 1 MiB and more cost several
@@ -613,9 +613,13 @@ class BundleStore:
         """Verify a bundle (a view of this cache, or any directory): in full once, hashing only
         what the cache cannot vouch for (see :meth:`trusted`), then by its receipt while every
         file keeps its fingerprint (:mod:`pipeline.bundle.receipt`; never with ``rehash``)."""
+        return self.check(path).verified()
+
+    def check(self, path: str | os.PathLike[str]) -> CheckResult:
+        """:meth:`verify` listing every violation (:func:`~pipeline.bundle.verify.check`)."""
         if self.rehash:
-            return verify(path, trusted=self.trusted)
-        return verify_once(path, self.receipt_path(path), trusted=self.trusted)
+            return check(path, trusted=self.trusted)
+        return check_once(path, self.receipt_path(path), trusted=self.trusted)
 
     def receipt_path(self, path: str | os.PathLike[str]) -> Path:
         """Where the receipt of the bundle at ``path`` is kept (one per directory)."""

@@ -10,6 +10,7 @@ violations: pyarrow's errors on a hostile file are never raised.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,23 +33,26 @@ from pipeline.bundle.errors import (
 from pipeline.bundle.ids import duplicates, id_hashes
 from pipeline.bundle.manifest import FileEntry, Manifest
 
-_decoded = 0
+_decoded: Counter[str] = Counter()
 _decoded_lock = threading.Lock()
 
 
-def ids_decoded() -> int:
-    """Item ids this process has decoded to check bundles so far (parts and outstanding lists).
+def ids_decoded(content_sha256: str | None = None) -> int:
+    """Item ids this process has decoded from bundles so far: to check them (here) and to index
+    them (:meth:`pipeline.readers.Index.from_snapshot`); of the bundle with that
+    ``content_sha256``, or of every bundle.
 
-    Read it before and after a piece of work to see what that work re-checked (a load by
-    receipt decodes none: :mod:`pipeline.bundle.receipt`); it only ever grows.
+    Read it before and after a piece of work to see what that work decoded again (a load by
+    receipt decodes nothing: :mod:`pipeline.bundle.receipt`); it only ever grows.
     """
-    return _decoded
-
-
-def _count_decoded(n: int) -> None:
-    global _decoded
     with _decoded_lock:
-        _decoded += n
+        return _decoded[content_sha256] if content_sha256 else sum(_decoded.values())
+
+
+def count_ids_decoded(content_sha256: str, n: int) -> None:
+    """Add ``n`` ids decoded from the bundle ``content_sha256`` (see :func:`ids_decoded`)."""
+    with _decoded_lock:
+        _decoded[content_sha256] += n
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ def check_contents(root: Path, manifest: Manifest, intact: set[str]) -> list[Bun
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), cpu_count()))) as pool:
         found = dict(zip([f.entry.path for f in todo], pool.map(inspect, todo), strict=True))
+    decoded = sum(r.table.num_rows for r in found.values() if r.table is not None)
+    count_ids_decoded(manifest.snapshot.content_sha256, decoded)
 
     errors: list[BundleError] = []
     id_arrays: list[tuple[str, pa.ChunkedArray]] = []
@@ -142,7 +148,6 @@ def _inspect_file(p: Path, f: _File, id_field: str) -> _Found:
             found.errors.append(SchemaMismatch(f"{p}: {problem}", path=f.entry.path))
         found.schema_ok = problem is None
         if found.table is not None:
-            _count_decoded(found.table.num_rows)
             found.hashes = id_hashes(found.table.column(id_field))
     except (pa.ArrowException, OSError, ValueError) as e:
         found.errors.append(

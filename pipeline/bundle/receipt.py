@@ -32,7 +32,7 @@ from pipeline.bundle.files import (
 )
 from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.manifest import Manifest, parse_manifest
-from pipeline.bundle.verify import VerifiedSnapshot, verify
+from pipeline.bundle.verify import CheckResult, VerifiedSnapshot, check
 
 RECEIPT_VERSION = 1
 
@@ -57,27 +57,49 @@ def verify_once(
 ) -> VerifiedSnapshot:
     """The bundle at ``path`` verified: by its receipt at ``receipt_path`` when that still
     holds, else in full (:func:`~pipeline.bundle.verify.verify`), writing a new receipt."""
+    return check_once(path, receipt_path, trusted=trusted, progress=progress).verified()
+
+
+def check_once(
+    path: str | os.PathLike[str],
+    receipt_path: str | os.PathLike[str],
+    *,
+    trusted: TrustFn | None = None,
+    progress: ProgressFn | None = None,
+) -> CheckResult:
+    """:func:`~pipeline.bundle.verify.check` (every violation listed), answered by the receipt
+    at ``receipt_path`` while it holds; a bundle that passes in full gets a new receipt."""
     root = Path(path).resolve()
     held = by_receipt(root, Path(receipt_path))
     if held is not None:
-        return held
-    raw = read_manifest_bytes(root)
-    before = _fingerprints(root, parse_manifest(raw, path=str(root / fmt.MANIFEST_NAME)))
-    snapshot = verify(root, trusted=trusted, progress=progress)
-    after = _fingerprints(root, snapshot.manifest)
-    if before is not None and before == after:  # nothing changed while it was read
-        receipt = Receipt(
-            receipt_version=RECEIPT_VERSION,
-            root=str(root),
-            manifest_sha256=sha256_bytes(raw),
-            fingerprints={p: fp.as_dict() for p, fp in after.items()},
-        )
-        try:
-            Path(receipt_path).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(receipt_path, receipt.model_dump_json())
-        except OSError:  # a read-only cache cannot remember: the next load verifies in full
-            pass
-    return snapshot
+        return CheckResult(root, held.manifest, [], held.stats)
+    try:
+        raw = read_manifest_bytes(root)
+        before = _fingerprints(root, parse_manifest(raw, path=str(root / fmt.MANIFEST_NAME)))
+    except BundleError:  # no manifest, or not a valid one: check says so
+        raw, before = b"", None
+    result = check(root, trusted=trusted, progress=progress)
+    if result.ok and before is not None and result.manifest is not None:
+        after = _fingerprints(root, result.manifest)
+        if before == after:  # nothing changed while it was read
+            _write(receipt_path, root, raw, after)
+    return result
+
+
+def _write(
+    receipt_path: str | os.PathLike[str], root: Path, raw: bytes, prints: dict[str, Fingerprint]
+) -> None:
+    receipt = Receipt(
+        receipt_version=RECEIPT_VERSION,
+        root=str(root),
+        manifest_sha256=sha256_bytes(raw),
+        fingerprints={p: fp.as_dict() for p, fp in prints.items()},
+    )
+    try:
+        Path(receipt_path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(receipt_path, receipt.model_dump_json())
+    except OSError:  # a read-only cache cannot remember: the next load verifies in full
+        pass
 
 
 def by_receipt(root: Path, receipt_path: Path) -> VerifiedSnapshot | None:

@@ -69,7 +69,7 @@ def test_another_bundles_receipt_vouches_for_nothing(tmp_path, staged):
 
 
 def test_a_file_that_changes_while_it_is_verified_gets_no_receipt(tmp_path, staged, monkeypatch):
-    real = receipts.verify
+    real = receipts.check
     manifest = staged.root / fmt.MANIFEST_NAME
 
     def touched_meanwhile(path, **kw):
@@ -77,7 +77,7 @@ def test_a_file_that_changes_while_it_is_verified_gets_no_receipt(tmp_path, stag
         os.chmod(manifest, 0o444)  # same bytes, but its ctime moves
         return snapshot
 
-    monkeypatch.setattr(receipts, "verify", touched_meanwhile)
+    monkeypatch.setattr(receipts, "check", touched_meanwhile)
     receipt = tmp_path / "receipt.json"
     verify_once(staged.root, receipt)
     assert not receipt.exists()
