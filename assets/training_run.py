@@ -44,6 +44,9 @@ from resources.dagster.artifacts import ArtifactStore
 from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource
 
+# What the torchrun ranks report of their own cost to load the input.
+RANK_COSTS = ("pipes/ranks_bytes_hashed", "pipes/ranks_ids_decoded")
+
 
 def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None = None) -> type:
     """The run config of ``training_run`` for the trainer at ``trainer_path``.
@@ -109,8 +112,9 @@ def _train_torchrun(
     progress_dir: Path,
     out: Path,
 ) -> tuple[TrainSummary, dict]:
-    """Train with real torchrun ranks; each verifies the bundle with the cache's trust and
-    rebuilds the index, which must have the digest this step was handed. When a rank dies,
+    """Train with real torchrun ranks; each verifies the bundle with the cache's trust (by its
+    receipt) and loads the saved index (or rebuilds it), which must have the digest this step
+    was handed. When a rank dies,
     torchrun restarts every rank (up to ``torchrun_max_restarts`` times) and they resume from
     the last mid-fit cut in ``progress_dir``."""
     cmd = [
@@ -120,7 +124,9 @@ def _train_torchrun(
         "-m", "pipeline.defs.train_launch",
         "--bundle", str(index.snapshot.root), "--cache-dir", str(store.cache_dir),
         *(["--rehash"] if store.rehash else []),
-        "--index-sha256", index.digest, "--trainer", trainer_path,
+        "--index-sha256", index.digest,
+        *(["--index", index.saved_at] if index.saved_at else []),
+        "--trainer", trainer_path,
         "--config", json.dumps(config), "--num-workers", str(settings.num_workers),
         "--device", settings.device,
         "--progress-dir", str(progress_dir),
@@ -243,8 +249,9 @@ def training_run_asset(
             "items_iterated": report.items_iterated,
             # The step a killed fit resumed after (0: it ran through in one go).
             "resumed_after_step": summary.resumed.step if summary.resumed else 0,
-            # What the torchrun ranks hashed to verify their input (0: the cache vouched).
-            **{k: v for k, v in reported.items() if k == "pipes/ranks_bytes_hashed"},
+            # What the torchrun ranks hashed and decoded to load their input (0: the receipt
+            # and the saved index vouched).
+            **{k: v for k, v in reported.items() if k in RANK_COSTS},
         }
         if summary.loss_curve:
             svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")

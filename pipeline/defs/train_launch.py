@@ -1,8 +1,9 @@
 """Entry point ``torchrun`` launches for training with ``world_size > 1``, reporting through Pipes.
 
-Every rank verifies the bundle with the bundle cache's trust (every rule is checked; only files
-the cache cannot vouch for are hashed, so a rank never re-hashes what the chain verified),
-rebuilds the index and refuses to train unless its digest is the one the Dagster step was handed.
+Every rank verifies the bundle with the bundle cache's trust (by the receipt the chain's
+verification left, else every rule, hashing only files the cache cannot vouch for), loads the
+saved index (``--index``; rebuilt from the bundle where that file is not on the rank's machine)
+and refuses to train unless its digest is the one the Dagster step was handed.
 Then every rank runs the same trainer (any :class:`~pipeline.training.Trainer`, by import path)
 on its disjoint share, the pipeline reconciles the passes across ranks, and rank 0 hashes the
 checkpoint and writes the outcome. Only rank 0 opens the Dagster Pipes channel (one writer per
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from pipeline.bundle.contents import ids_decoded
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.readers.index import Index, IndexMismatch
 from pipeline.readers.lifetime import die_with_parent
@@ -111,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rehash", action="store_true", help="trust no cache ledger: hash every file again"
     )
-    p.add_argument("--index-sha256", required=True, help="digest the rebuilt index must have")
+    p.add_argument("--index-sha256", required=True, help="digest the index must have")
+    p.add_argument(
+        "--index", help="the saved index to load (else it is rebuilt from the bundle's ids)"
+    )
     p.add_argument("--trainer", required=True, help="import path of the Trainer (pkg.mod:Name)")
     p.add_argument("--config", required=True, help="the trainer's config as a JSON object")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
@@ -145,16 +150,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
 
         snapshot = BundleStore(args.cache_dir, rehash=args.rehash).verify(args.bundle)
-        index = Index.from_snapshot(snapshot)
+        if args.index and Path(args.index).is_file():  # another node may not have it
+            index = Index.load(args.index, snapshot=snapshot)
+        else:
+            index = Index.from_snapshot(snapshot)
         if index.digest != args.index_sha256:
             raise IndexMismatch(
-                f"{args.bundle}: the index rebuilt on rank {rank} is {index.digest}, the step "
-                f"was handed {args.index_sha256}"
+                f"{args.index or args.bundle}: the index on rank {rank} is {index.digest}, the "
+                f"step was handed {args.index_sha256}"
             )
         log(f"rank {rank} of {world} on {device}: index {index.digest[:12]} verified")
-        # What every rank hashed to verify its input, summed: the cost of the launch itself.
-        hashed = torch.tensor([file_bytes_hashed()], dtype=torch.int64)
-        dist.all_reduce(hashed)
+        # What every rank hashed and decoded to load its input, summed: the launch's own cost
+        # (a receipt and a saved index make both 0).
+        sha = snapshot.identity.content_sha256
+        cost = torch.tensor([file_bytes_hashed(), ids_decoded(sha)], dtype=torch.int64)
+        dist.all_reduce(cost)
+        hashed, decoded = (int(v) for v in cost.tolist())
         summary = train_once(
             load_trainer(args.trainer),
             index,
@@ -174,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                     metadata={
                         "world_size": world,
                         "checkpoint_sha256": summary.checkpoint.sha256,
-                        "ranks_bytes_hashed": int(hashed.item()),
+                        "ranks_bytes_hashed": hashed,
+                        "ranks_ids_decoded": decoded,
                     }
                 )
     dist.barrier()

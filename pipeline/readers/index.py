@@ -12,7 +12,7 @@ import io
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.atomic import atomic_write_bytes
+from pipeline.bundle.contents import count_ids_decoded
 from pipeline.bundle.digest import sha256_buffers, sha256_bytes
 from pipeline.bundle.errors import BundleError, RowCountMismatch
 from pipeline.bundle.manifest import Manifest, Schema
@@ -62,6 +63,9 @@ class Index:
     snapshot: VerifiedSnapshot
     ids: pa.StringArray
     part_offsets: np.ndarray
+    #: The file it was loaded from (:meth:`load`), so a consumer can load it again instead of
+    #: decoding the bundle's ids; ``None`` for an index built from its snapshot.
+    saved_at: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_snapshot(cls, snapshot: VerifiedSnapshot) -> Index:
@@ -79,6 +83,7 @@ class Index:
                 )
             chunks.extend(col.cast(pa.string()).chunks)
         ids = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+        count_ids_decoded(m.snapshot.content_sha256, len(ids))
         return cls(snapshot, ids, _offsets([p.rows for p in m.parts]))
 
     # -- what the manifest declares -------------------------------------------------------
@@ -205,7 +210,8 @@ class Index:
             raise IndexMismatch(f"{path}: not a saved index (no {_META_KEY.decode()} header)")
         saved = json.loads(meta)
         ids = table.column("id").combine_chunks().cast(pa.string())
-        index = cls(snapshot, ids, _offsets([p.rows for p in snapshot.manifest.parts]))
+        offsets = _offsets([p.rows for p in snapshot.manifest.parts])
+        index = cls(snapshot, ids, offsets, saved_at=os.fspath(path))
         found = index._header()
         for key in ("index_version", "snapshot", "item_id_field", "parts", "ids_sha256"):
             if saved.get(key) != found[key]:

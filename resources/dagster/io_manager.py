@@ -65,14 +65,16 @@ class ChainIOManager(dg.ConfigurableIOManager):
             ref = {"type": "index", "index": _save_index(obj, folder)}
             context.add_output_metadata({"index_path": dg.MetadataValue.path(ref["index"]["path"])})
         elif isinstance(obj, TrainedModel):
-            # The index is rebuilt from the snapshot on load and checked against the digest in
-            # the record, so it is not saved a second time.
+            # The index is not saved a second time: a load takes the file disjoint_index wrote
+            # (or, where that is gone, rebuilds it from the snapshot) and checks it against the
+            # digest in the record.
             # The checkpoint files were hashed (and made read-only) when training ended; their
             # fingerprints let a later load trust those digests, as the bundle cache does.
             ref = {
                 "type": "trained_model",
                 "directory": str(obj.directory),
                 "snapshot": _snapshot_ref(obj.index.snapshot),
+                "index": obj.index.saved_at,
                 "checkpoint": {
                     rel: Fingerprint.of(obj.checkpoint_dir / rel).as_dict()
                     for rel in obj.record.checkpoint.files
@@ -181,7 +183,12 @@ def _load_index(ref: dict[str, Any], store: BundleStore) -> Index:
 def _load_trained_model(ref: dict[str, Any], store: BundleStore) -> TrainedModel:
     directory = Path(ref["directory"])
     record = read_record(directory / RECORD_NAME, TrainingRecord)
-    index = Index.from_snapshot(_load_snapshot(ref["snapshot"], store))
+    snapshot = _load_snapshot(ref["snapshot"], store)
+    saved = ref.get("index")
+    if saved and Path(saved).is_file():
+        index = Index.load(saved, snapshot=snapshot)  # its ids checked against its digest
+    else:
+        index = Index.from_snapshot(snapshot)
     if index.digest != record.index_sha256:
         raise StaleArtifact(
             f"{directory / RECORD_NAME}: trained on index {record.index_sha256}, the snapshot "

@@ -60,9 +60,14 @@ def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
     meta = result.asset_materializations_for_node("training_run")[0].metadata
     # Metadata reported from inside the torchrun process came back through the Pipes channel
     # (only what the step does not know itself: no second copy of the record's figures), and
-    # every rank verified the bundle with the cache's trust: no byte hashed a second time.
-    assert {k for k in meta if k.startswith("pipes/")} == {"pipes/ranks_bytes_hashed"}
+    # every rank loaded its input by the verification's receipt and the saved index: no byte
+    # hashed and no id decoded a second time.
+    assert {k for k in meta if k.startswith("pipes/")} == {
+        "pipes/ranks_bytes_hashed",
+        "pipes/ranks_ids_decoded",
+    }
     assert meta["pipes/ranks_bytes_hashed"].value == 0
+    assert meta["pipes/ranks_ids_decoded"].value == 0
     assert meta["world_size"].value == 2 and len(plain(meta["checkpoint_sha256"])) == 64
     # The killed attempt left the Pipes channel open for the restarted one: its messages
     # arrive as the run's own, not as warnings about a channel already closed.
