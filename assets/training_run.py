@@ -32,6 +32,7 @@ from pipeline.training.record import (
 )
 from pipeline.training.runner import OUTCOME, TrainSummary, progress_key, train_once
 from pipeline.training.tethered import tethered
+from pipeline.training.threads import intra_op_threads, torch_threads
 from pipeline.training.trainer import (
     REFERENCE_TRAINER,
     Trainer,
@@ -77,6 +78,11 @@ def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None 
     )
 
 
+def _threads_per_rank(settings: ChainSettings) -> int:
+    """``LITHI_TORCH_THREADS``, else each rank's share of the cores (all ranks run here)."""
+    return settings.torch_threads or intra_op_threads(settings.world_size, settings.num_workers)
+
+
 def _train_in_process(
     trainer: Trainer,
     index: Index,
@@ -86,17 +92,18 @@ def _train_in_process(
     progress_dir: Path,
     log,
 ) -> TrainSummary:
-    summary = train_once(
-        trainer,
-        index,
-        config,
-        out,
-        num_workers=settings.num_workers,
-        log=log,
-        progress_dir=progress_dir,
-        checkpoint_every=settings.checkpoint_every,
-        device=choose_device(settings.device),
-    )
+    with torch_threads(_threads_per_rank(settings)):
+        summary = train_once(
+            trainer,
+            index,
+            config,
+            out,
+            num_workers=settings.num_workers,
+            log=log,
+            progress_dir=progress_dir,
+            checkpoint_every=settings.checkpoint_every,
+            device=choose_device(settings.device),
+        )
     assert summary is not None  # rank 0 of 1
     return summary
 
@@ -132,7 +139,7 @@ def _train_torchrun(
         "--progress-dir", str(progress_dir),
         "--checkpoint-every", str(settings.checkpoint_every), "--out", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(_threads_per_rank(settings))}
     # tethered: torchrun and its ranks die with this step, however it is killed
     invocation = pipes.run(command=tethered(cmd), context=context, env=env)
     reported: dict = {}
@@ -246,6 +253,7 @@ def training_run_asset(
             **{k: md.metric(v) for k, v in record.metrics.items()},
             "world_size": world,
             "device": summary.device,
+            "torch_threads": _threads_per_rank(chain_settings),  # per rank
             "items_iterated": report.items_iterated,
             # The step a killed fit resumed after (0: it ran through in one go).
             "resumed_after_step": summary.resumed.step if summary.resumed else 0,

@@ -63,6 +63,7 @@ class LithiEnv(BaseSettings):
     world_size: PositiveInt = 1
     num_workers: NonNegativeInt = 2
     checkpoint_every: NonNegativeInt = 200
+    torch_threads: NonNegativeInt = 0
     torchrun_max_restarts: NonNegativeInt = 1
     device: str = "auto"
     compute_root: Path | None = None

@@ -28,6 +28,8 @@ class ChainSettings(dg.ConfigurableResource):
     world_size: PositiveInt = 1  # training ranks: 1 trains in the step's process, >1 torchrun
     num_workers: NonNegativeInt = 2  # DataLoader worker processes per rank
     checkpoint_every: NonNegativeInt = 200  # optimizer steps between mid-fit cuts; 0 never
+    # torch's intra-op threads per rank; 0: the rank's share of the cores it may use
+    torch_threads: NonNegativeInt = 0
     torchrun_max_restarts: NonNegativeInt = 1  # torchrun restarts every rank when one dies
     device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
     # where each output bundle is also published, as <publish_url>/<version_id>/ (empty: not)

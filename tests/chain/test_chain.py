@@ -66,6 +66,7 @@ def test_the_digits_chain_materializes_end_to_end_hashing_each_bundle_once(
     predictions = _meta(result, "prediction_table")
     output = _meta(result, "output_bundle")
 
+    assert training["torch_threads"] == 1  # tests/helpers/chain.py sets one thread per rank
     # One identity flows down the chain.
     sha = manifest["snapshot/content_sha256"]
     assert snapshot["snapshot/content_sha256"] == sha == training["snapshot/content_sha256"]

@@ -45,7 +45,8 @@ FAST_TRAINING = dg.RunConfig(ops={"training_run": TrainingConfig(epochs=3, auto_
 def chain_resources(
     home: Path, job_id: str, *, compute_root: Path | None = None, **settings: object
 ) -> dict[str, object]:
-    """Resources for an in-process chain over ``home`` (inline Compute, no DataLoader workers).
+    """Resources for an in-process chain over ``home`` (inline Compute, no DataLoader workers,
+    one torch thread as in the rest of the suite).
 
     ``compute_root`` points at a shared, already-labelled Compute (default ``home/compute``);
     the cache and artifacts are always the test's own. ``settings`` are :class:`ChainSettings`
@@ -60,7 +61,7 @@ def chain_resources(
         "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
         "chain_settings": ChainSettings(
             job_id=job_id,
-            **{"world_size": 1, "num_workers": 0, **settings},
+            **{"world_size": 1, "num_workers": 0, "torch_threads": 1, **settings},
         ),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
