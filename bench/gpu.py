@@ -56,13 +56,11 @@ from pipeline.readers.index import Index  # noqa: E402
 from pipeline.readers.loader import ReaderLoader, make_loader  # noqa: E402
 from pipeline.readers.reconcile import ReconcileReport, Tally, reconcile  # noqa: E402
 from pipeline.training.device import choose_device, to_device, wants_pinned_memory  # noqa: E402
-from pipeline.training.features import (  # noqa: E402
-    FeatureSpec,
-    fit_spec,
-    to_features,
-)
-from pipeline.training.fit import ReferenceConfig, step_tensors, train_step  # noqa: E402
+from pipeline.training.feature_fit import fit_spec  # noqa: E402
+from pipeline.training.features import FeatureSpec, to_features  # noqa: E402
+from pipeline.training.fit import step_tensors, train_step  # noqa: E402
 from pipeline.training.model import MLP  # noqa: E402
+from pipeline.training.reference_config import ReferenceConfig  # noqa: E402
 
 ID_FIELD = "item_id"
 FEATURE = "embedding"

@@ -14,8 +14,9 @@ import importlib.metadata
 import pyarrow as pa
 
 from pipeline.bundle.manifest import Schema
-from pipeline.training.fit import ReferenceConfig, check_config, fit_reference
+from pipeline.training.fit import fit_reference
 from pipeline.training.predict import predict_reference
+from pipeline.training.reference_config import ReferenceConfig, check_config
 from pipeline.training.trainer import FitContext, FitResult, PredictContext, Trainer
 
 
@@ -27,7 +28,8 @@ def _project_version() -> str | None:
 
 
 class ReferenceTrainer(Trainer):
-    """The reference MLP trainer (see :class:`~pipeline.training.fit.ReferenceConfig`)."""
+    """The reference MLP trainer; :attr:`Config` is
+    :class:`~pipeline.training.reference_config.ReferenceConfig`."""
 
     Config = ReferenceConfig
     version = _project_version()

@@ -75,7 +75,7 @@ def test_every_resource_an_asset_needs_is_provided():
 
 def test_training_run_config_is_the_trainer_config_field_for_field():
     from assets.training_run import TrainingConfig
-    from pipeline.training.fit import ReferenceConfig
+    from pipeline.training.reference_config import ReferenceConfig
 
     assert set(TrainingConfig.model_fields) == set(ReferenceConfig.model_fields) | {"trainer"}
     job = defs.resolve_job_def("compute_chain_job")

@@ -22,9 +22,9 @@ import torch
 from pipeline.readers.index import Index
 from pipeline.training import TrainerError, hash_checkpoint, load_trainer
 from pipeline.training.features import FeatureColumn, FeatureSpec, holdout_mask
-from pipeline.training.fit import ReferenceConfig, check_config, checkpoint_config
 from pipeline.training.model import MLP, load_checkpoint, save_checkpoint
 from pipeline.training.reference import ReferenceTrainer
+from pipeline.training.reference_config import ReferenceConfig, check_config, checkpoint_config
 from pipeline.training.runner import summarize
 from pipeline.training.trainer import PredictContext
 from tests.helpers.bundles import stage_result

@@ -32,8 +32,8 @@ from pipeline.training import (
     run_fit,
     to_device,
 )
-from pipeline.training.fit import ReferenceConfig, checkpoint_config
 from pipeline.training.model import MLP, load_checkpoint
+from pipeline.training.reference_config import ReferenceConfig, checkpoint_config
 from resources.settings import LithiEnv, SettingsError
 from tests.helpers.bundles import make_input, stage_result
 

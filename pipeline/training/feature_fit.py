@@ -1,0 +1,221 @@
+"""The fitting pass: normalisation, classes and vocabularies from one pass over the readers.
+
+The input is read the way training reads it (this rank's share, summed across ranks), never
+whole into memory. What the pass found (:class:`FittedFeatures`) is the spec the model is built
+from and the missing values it met, per feature.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+import torch.distributed as dist
+
+from pipeline.bundle.manifest import SchemaField
+from pipeline.readers.batches import accepted_mask
+from pipeline.training.columns import CATEGORY, Task, number_shape, why_not_a_feature
+from pipeline.training.features import (
+    FeatureColumn,
+    FeatureSpec,
+    as_bools,
+    category_values,
+    holdout_mask,
+    labels,
+    number_values,
+)
+from pipeline.training.trainer import TrainerError
+
+
+def _columns(fields: list[SchemaField]) -> list[FeatureColumn]:
+    """The chosen fields as feature columns (each already checked usable by choose_features);
+    a category's encoding and vocabulary are filled in once the fitting pass has seen it."""
+    columns = []
+    for f in fields:
+        if f.type == CATEGORY:
+            columns.append(
+                FeatureColumn(name=f.name, width=0, nullable=f.nullable, encoding="one_hot")
+            )
+            continue
+        base = number_shape(f)
+        if base is None:
+            raise TrainerError(f"feature {f.name!r} is {why_not_a_feature(f)}")
+        columns.append(FeatureColumn(name=f.name, width=base[1], nullable=f.nullable))
+    return columns
+
+
+def _fit_rows(batch: dict, has_status: bool) -> torch.Tensor:
+    """Rows whose values may shape the normalisation: accepted ones in a result bundle."""
+    if has_status:
+        return accepted_mask(batch)
+    return torch.ones(len(next(iter(batch.values()))), dtype=torch.bool)
+
+
+def embedding_width(values: int) -> int:
+    """The embedding size of a vocabulary of ``values``: fast.ai's ``1.6 n^0.56``, at most 32
+    (a tabular category needs few dimensions; more would only fit noise)."""
+    return max(1, min(32, round(1.6 * values**0.56)))
+
+
+def vocabulary(counts: Counter, limit: int) -> tuple[list[str], int]:
+    """The ``limit`` most frequent values (ties by value), sorted by value; and how many
+    distinct values were left out (they count as unseen)."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = sorted(v for v, _ in ranked[:limit])
+    return kept, len(ranked) - len(kept)
+
+
+@dataclass(frozen=True)
+class FittedFeatures:
+    """What the fitting pass found: the spec, and the missing values it saw among the rows
+    used for fitting — per feature, and how many rows miss at least one."""
+
+    spec: FeatureSpec
+    missing: dict[str, int]
+    incomplete_rows: int
+    rows: int
+    #: per category column, the distinct training values beyond ``max_categories``
+    left_out: dict[str, int] = field(default_factory=dict)
+
+
+def fit_spec(batches: Iterable[dict], fields: list[SchemaField], **options: Any) -> FeatureSpec:
+    """Fit normalisation and classes in one pass over ``batches``: :func:`fit_features`'s spec,
+    with the same keyword options."""
+    return fit_features(batches, fields, **options).spec
+
+
+def fit_features(
+    batches: Iterable[dict],
+    fields: list[SchemaField],
+    *,
+    task: Task,
+    label: str,
+    has_status: bool,
+    world_size: int = 1,
+    id_field: str | None = None,
+    holdout_percent: int = 0,
+    one_hot_max: int = 16,
+    max_categories: int = 10_000,
+) -> FittedFeatures:
+    """Fit normalisation, classes and vocabularies in one pass over ``batches`` (this rank's
+    share), counting the missing values it meets.
+
+    Normalisation and missing values are taken over the rows used for fitting (accepted ones
+    in a result bundle); a string feature's vocabulary over the training split alone (those
+    rows but the ones held out by id, ``id_field`` and ``holdout_percent``), so a value only a
+    held-out row has is unseen, as it would be in new data. A vocabulary of at most
+    ``one_hot_max`` values is one-hot encoded, a larger one embedded; it keeps at most
+    ``max_categories`` values (:func:`vocabulary`).
+
+    With ``world_size > 1`` the sums, counts, classes and vocabularies are combined across
+    ranks (a collective: every rank calls it), so every rank ends with the same spec.
+    """
+    columns = _columns(fields)
+    numbers = [c for c in columns if not c.is_category]
+    width = sum(c.width for c in numbers)
+    sums = torch.zeros(3, width, dtype=torch.float64)  # count, sum, sum of squares
+    target = torch.zeros(3, dtype=torch.float64)
+    # missing values per column, then rows missing any, then rows used for fitting
+    tally = torch.zeros(len(columns) + 2, dtype=torch.int64)
+    classes: set = set()
+    seen: dict[str, Counter] = {c.name: Counter() for c in columns if c.is_category}
+    for batch in batches:
+        rows = _fit_rows(batch, has_status)
+        incomplete = torch.zeros_like(rows)
+        training = rows
+        if seen and id_field is not None and holdout_percent:
+            training = rows & ~holdout_mask(batch[id_field], holdout_percent)
+        start = 0
+        for i, col in enumerate(columns):
+            if col.is_category:
+                values = category_values(batch, col)
+                null = as_bools(values.is_null())
+                incomplete |= null
+                tally[i] += (null & rows).sum()
+                kept = values.filter(pa.array(training.numpy())).drop_null()
+                for row in pc.value_counts(kept).to_pylist():
+                    seen[col.name][row["values"]] += row["counts"]
+                continue
+            x, ok = number_values(batch, col)
+            incomplete |= ~ok.all(dim=1)
+            tally[i] += (~ok & rows.reshape(-1, 1)).sum()
+            ok &= rows.reshape(-1, 1)
+            x = torch.where(ok, x, 0.0)
+            sums[0, start : start + col.width] += ok.sum(0)
+            sums[1, start : start + col.width] += x.sum(0)
+            sums[2, start : start + col.width] += (x * x).sum(0)
+            start += col.width
+        tally[-2] += (incomplete & rows).sum()
+        tally[-1] += rows.sum()
+        y, has_y = labels(batch, label)
+        keep = rows & has_y
+        if task == "classification":
+            if isinstance(y, list):  # string labels: Python values by nature
+                classes.update(v for v, k in zip(y, keep.tolist(), strict=True) if k)
+            else:  # a handful of distinct values per batch, found without a Python loop
+                classes.update(torch.unique(y[keep]).tolist())
+        elif isinstance(y, torch.Tensor):  # a regression label is numeric (check_label)
+            yv = y.to(torch.float64)[keep]
+            target += torch.stack([keep.sum().to(torch.float64), yv.sum(), (yv * yv).sum()])
+    if world_size > 1:
+        dist.all_reduce(sums)
+        dist.all_reduce(target)
+        dist.all_reduce(tally)
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, (classes, seen))
+        classes = set().union(*(g[0] for g in gathered))
+        seen = {name: sum((g[1][name] for g in gathered), Counter()) for name in seen}
+    n = sums[0].clamp(min=1)
+    mean = sums[1] / n
+    std = (sums[2] / n - mean * mean).clamp(min=0).sqrt()
+    std = torch.where(std > 1e-8, std, torch.ones_like(std))
+    # a classifier's spec adds its classes, a regressor's its target's normalisation (classes
+    # stay empty for a regressor, the target's mean and std 0 and 1 for a classifier)
+    t_mean, t_std = 0.0, 1.0
+    if task == "classification":
+        if len(classes) < 2:
+            raise TrainerError(
+                f"label {label!r} holds {len(classes)} class(es) among the rows used for "
+                "fitting; a classifier needs at least two"
+            )
+    else:
+        if target[0] == 0:
+            raise TrainerError(f"label {label!r} has no value among the rows used for fitting")
+        tn = target[0].clamp(min=1)
+        t_mean = float(target[1] / tn)
+        t_std = float((target[2] / tn - t_mean * t_mean).clamp(min=0).sqrt()) or 1.0
+    left_out: dict[str, int] = {}
+    for k, col in enumerate(columns):
+        if col.is_category:
+            values, left_out[col.name] = vocabulary(seen[col.name], max_categories)
+            embed = len(values) > one_hot_max
+            columns[k] = col.model_copy(
+                update={
+                    "encoding": "embedding" if embed else "one_hot",
+                    "width": embedding_width(len(values)) if embed else len(values),
+                    "vocabulary": values,
+                }
+            )
+    spec = FeatureSpec(
+        task=task,
+        label=label,
+        columns=columns,
+        mean=mean.tolist(),
+        std=std.tolist(),
+        classes=sorted(classes),
+        target_mean=t_mean,
+        target_std=t_std,
+    )
+    counts = tally.tolist()
+    return FittedFeatures(
+        spec=spec,
+        missing={c.name: counts[i] for i, c in enumerate(columns)},
+        incomplete_rows=counts[-2],
+        rows=counts[-1],
+        left_out={k: v for k, v in left_out.items() if v},
+    )
