@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -49,15 +50,12 @@ class Receipt(BaseModel):
 
 
 def verify_once(
-    path: str | os.PathLike[str],
-    receipt_path: str | os.PathLike[str],
-    *,
-    trusted: TrustFn | None = None,
-    progress: ProgressFn | None = None,
+    path: str | os.PathLike[str], receipt_path: str | os.PathLike[str], **kw: Any
 ) -> VerifiedSnapshot:
     """The bundle at ``path`` verified: by its receipt at ``receipt_path`` when that still
-    holds, else in full (:func:`~pipeline.bundle.verify.verify`), writing a new receipt."""
-    return check_once(path, receipt_path, trusted=trusted, progress=progress).verified()
+    holds, else in full (:func:`~pipeline.bundle.verify.verify`, with its keyword options),
+    writing a new receipt."""
+    return check_once(path, receipt_path, **kw).verified()
 
 
 def check_once(

@@ -15,14 +15,7 @@ from pipeline.bundle.verify import verify
 from resources.compute.local import LocalCompute
 from tests.helpers.chain import FAST_TRAINING
 
-STEPS = [
-    "result_manifest",
-    "verified_snapshot",
-    "disjoint_index",
-    "training_run",
-    "prediction_table",
-    "output_bundle",
-]
+LINKS = CHAIN_ASSETS[1:]  # the six links, after the observed Compute versions
 
 
 def test_each_step_decodes_the_input_ids_only_where_it_must(tmp_path, labelled_samples):
@@ -33,7 +26,8 @@ def test_each_step_decodes_the_input_ids_only_where_it_must(tmp_path, labelled_s
     resources = labelled_samples.resources(tmp_path, "wine")
     decoded = {}
     with dg.instance_for_test() as instance:
-        for step in STEPS:
+        for link in LINKS:
+            step = link.key.to_user_string()
             before = ids_decoded(sha)
             result = dg.materialize(
                 CHAIN_ASSETS,
