@@ -29,6 +29,7 @@ def _results(walls: dict[int, dict[str, float]]) -> dict:
         "decode_id_rows_per_s": 1e7,
         "write_rows_per_s": 1e6,
         "loader_rows_per_s": 1e6,
+        "copy_bytes_per_s": 5e8,
     }
     runs = []
     for items, steps in walls.items():
@@ -58,6 +59,9 @@ def test_limits_count_the_work_each_step_must_do(chain):
     m = {"hashed": 2e9, "passes": 3, "bytes_written": 0}
     # verify: hash every byte, decode the ids
     assert chain.limit_seconds("verified_snapshot", 10**6, m, lim, 0) == pytest.approx(2.1)
+    # ... and bring what it downloaded into the cache at the disk's durable rate
+    copied = {**m, "bytes_copied": 1e9}
+    assert chain.limit_seconds("verified_snapshot", 10**6, copied, lim, 0) == pytest.approx(4.1)
     # training: every pass at the loader's own rate
     assert chain.limit_seconds("training_run", 10**6, m, lim, 0) == pytest.approx(3 + 2)
     assert chain.limit_seconds("result_manifest", 10**6, m, lim, 0) == 0
