@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,demo]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,demo,ray]'
 	touch $@
 
 ## The main job end to end: stage digits, local Compute (PARTIAL first), daemon + sensor, chain.

@@ -10,6 +10,7 @@ the checkpoint, reconciles what the readers yielded and writes the record naming
 import copy
 import json
 import os
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,8 @@ from resources.dagster.clients import BundleStoreResource
 
 # What the torchrun ranks report of their own cost to load the input.
 RANK_COSTS = ("pipes/ranks_bytes_hashed", "pipes/ranks_ids_decoded")
+# What the Ray job reports of its attempts: how many, and the world size of each.
+RAY_REPORTS = ("pipes/attempts", "pipes/world_sizes")
 
 
 def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None = None) -> type:
@@ -148,6 +151,70 @@ def _train_torchrun(
     return TrainSummary.model_validate_json((out / OUTCOME).read_text()), reported
 
 
+def _train_ray(
+    context: dg.AssetExecutionContext,
+    trainer_path: str,
+    index: Index,
+    store: BundleStore,
+    config: dict,
+    settings: ChainSettings,
+    key: str,
+    out: Path,
+) -> tuple[TrainSummary, dict]:
+    """Train on the Ray cluster at ``RAY_ADDRESS``: a Ray job (``pipeline.defs.ray_launch``)
+    submitted through ``dagster-ray``'s Pipes client places the ranks over the cluster's nodes.
+    They share no disk with this step: the verified bundle and the saved index are published
+    to ``ray_artifacts_url`` first, and the checkpoint and outcome come back from there,
+    checked against their digests."""
+    try:
+        from dagster_ray import PipesRayJobClient
+    except ImportError:
+        raise dg.Failure(
+            "LITHI_LAUNCHER=ray needs Ray and dagster-ray: pip install 'lithi-train[ray]'"
+        ) from None
+    from resources.run_exchange import RunExchange, collect_outcome, publish_inputs
+
+    if not settings.ray_artifacts_url:
+        raise dg.Failure(
+            "LITHI_LAUNCHER=ray needs LITHI_RAY_ARTIFACTS_URL: a URL (s3://bucket/prefix, or a "
+            "path) that every Ray node and this step can read and write"
+        )
+    ref = settings.ray_credential_ref or None
+    exchange = RunExchange(
+        settings.ray_artifacts_url, context.run.run_id, index.snapshot.identity.version_id, key
+    )
+    publish_inputs(store, exchange, index.snapshot, index, ref)
+    args = [
+        "--exchange-url", exchange.url, "--run-id", exchange.run_id,
+        "--version-id", exchange.version_id, "--progress-key", key,
+        "--index-sha256", index.digest, "--trainer", trainer_path,
+        "--config", json.dumps(config), "--workers", str(settings.world_size),
+        "--num-workers", str(settings.num_workers), "--device", settings.device,
+        "--checkpoint-every", str(settings.checkpoint_every),
+        "--max-restarts", str(settings.ray_max_restarts),
+        "--cpus-per-worker", str(settings.ray_worker_cpus),
+        "--gpus-per-worker", str(settings.ray_worker_gpus),
+        *(["--credential-ref", ref] if ref else []),
+    ]  # fmt: skip
+    entrypoint = shlex.join([settings.ray_python, "-m", "pipeline.defs.ray_launch", *args])
+    threads = settings.torch_threads or 1
+    client = PipesRayJobClient(poll_interval=0.5)
+    invocation = client.run(
+        context=context,
+        submit_job_params={
+            "entrypoint": entrypoint,
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        },
+    )
+    reported: dict = {}
+    for result in invocation.get_results():
+        reported.update({f"pipes/{k}": v for k, v in (result.metadata or {}).items()})
+    url = md.plain(reported["pipes/outcome_url"]) if "pipes/outcome_url" in reported else None
+    if not url:
+        raise dg.Failure("the Ray job ended without naming its outcome (pipes/outcome_url)")
+    return collect_outcome(store, str(url), out, ref), reported
+
+
 def _tag_run(context: dg.AssetExecutionContext, trainer_path: str, config: Any) -> None:
     """Name the trainer and its effective config on the run (``lithi/trainer``,
     ``lithi/trainer_config``): a run started from the CLI or a sensor carries no run config of
@@ -209,6 +276,10 @@ def training_run_asset(
             summary = _train_in_process(
                 trainer, index, params_data, out, chain_settings, progress_dir, context.log.info
             )
+        elif chain_settings.launcher == "ray":
+            summary, reported = _train_ray(
+                context, path, index, bundle_store.store(), params_data, chain_settings, key, out
+            )
         else:
             summary, reported = _train_torchrun(
                 context,
@@ -228,7 +299,7 @@ def training_run_asset(
             trainer=trainer_info(path, trainer),
             config=params_data,
             features=summary.features,
-            world_size=world,
+            world_size=summary.world_size,
             device=summary.device,
             checkpoint=summary.checkpoint,
             metrics=summary.metrics,
@@ -251,7 +322,10 @@ def training_run_asset(
             "features": md.features_table(record.features),
             **md.missing_values(record.features),
             **{k: md.metric(v) for k, v in record.metrics.items()},
-            "world_size": world,
+            "world_size": summary.world_size,
+            # the world size of the cut a killed fit resumed from (0: it ran through in one go)
+            "resumed_from_world_size": (summary.resumed.world_size or 0) if summary.resumed else 0,
+            "launcher": "in process" if world == 1 else chain_settings.launcher,
             "device": summary.device,
             "torch_threads": _threads_per_rank(chain_settings),  # per rank
             "items_iterated": report.items_iterated,
@@ -259,7 +333,7 @@ def training_run_asset(
             "resumed_after_step": summary.resumed.step if summary.resumed else 0,
             # What the torchrun ranks hashed and decoded to load their input (0: the receipt
             # and the saved index vouched).
-            **{k: v for k, v in reported.items() if k in RANK_COSTS},
+            **{k: v for k, v in reported.items() if k in RANK_COSTS or k in RAY_REPORTS},
         }
         if summary.loss_curve:
             svg = charts.loss_svg(summary.loss_curve, out / "loss.svg")

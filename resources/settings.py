@@ -39,6 +39,8 @@ def default_home() -> Path:
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class SettingsError(ValueError):
@@ -65,6 +67,13 @@ class LithiEnv(BaseSettings):
     checkpoint_every: NonNegativeInt = 200
     torch_threads: NonNegativeInt = 0
     torchrun_max_restarts: NonNegativeInt = 1
+    launcher: Literal["torchrun", "ray"] = "torchrun"
+    ray_artifacts_url: str = ""
+    ray_credential_ref: str = ""
+    ray_python: str = "python"
+    ray_max_restarts: NonNegativeInt = 2
+    ray_worker_cpus: PositiveFloat = 1.0
+    ray_worker_gpus: NonNegativeFloat = 0.0
     device: str = "auto"
     compute_root: Path | None = None
     compute_executor: Literal["subprocess", "inline"] = "subprocess"

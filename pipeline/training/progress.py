@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.bundle.atomic import atomic_write_bytes, atomic_write_text
+from pipeline.training.cut_mirror import CutMirror
 
 COMMITTED = "committed.json"
 _CUT = "step-{:010d}"
@@ -76,7 +77,13 @@ class Progress:
     """
 
     def __init__(
-        self, directory: Path | None, *, rank: int = 0, world_size: int = 1, every: int = 0
+        self,
+        directory: Path | None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        every: int = 0,
+        mirror: CutMirror | None = None,
     ) -> None:
         if every < 0:
             raise ValueError(f"checkpoint every {every} steps: must be >= 0")
@@ -84,6 +91,8 @@ class Progress:
         self.rank = rank
         self.world_size = world_size
         self.every = every
+        # ranks on machines with no shared disk: every part and commit also goes there
+        self.mirror = mirror if directory is not None else None
         self.resumed_from: int | None = None  # the step of the cut :meth:`load` found
         self.resumed_world_size: int | None = None  # the world size that cut was taken at
 
@@ -178,11 +187,17 @@ class Progress:
             data["shared"] = shared
         buf = io.BytesIO()
         torch.save(data, buf)
-        atomic_write_bytes(cut / f"rank-{self.rank}.pt", buf.getvalue())
-        self._barrier()  # every rank's part is on disk before the cut is committed
+        part = cut / f"rank-{self.rank}.pt"
+        atomic_write_bytes(part, buf.getvalue())
+        if self.mirror is not None:
+            self.mirror.push(part, f"{cut.name}/{part.name}")
+        self._barrier()  # every rank's part is on disk (and mirrored) before the cut is committed
         if self.rank == 0:
             text = json.dumps({"step": step, "world_size": self.world_size})
             atomic_write_text(self.directory / COMMITTED, text)
+            if self.mirror is not None:
+                self.mirror.push(self.directory / COMMITTED, COMMITTED)
+                self.mirror.prune(cut.name)
             for old in self.directory.glob("step-*"):
                 if old.name < cut.name:  # never a newer cut another rank may be writing
                     shutil.rmtree(old, ignore_errors=True)
@@ -194,7 +209,11 @@ class Progress:
         The cut may have been taken at another world size: the fit then resumes the trainer's
         state from rank 0's part and re-splits what its loaders had not delivered.
         """
-        if self.directory is None or not (self.directory / COMMITTED).is_file():
+        if self.directory is None:
+            return None
+        if self.mirror is not None:  # the mirror's last commit is the one in force
+            self.mirror.pull(self.directory)
+        if not (self.directory / COMMITTED).is_file():
             return None
         committed = json.loads((self.directory / COMMITTED).read_text())
         step, world = int(committed["step"]), int(committed["world_size"])
@@ -223,3 +242,5 @@ class Progress:
         self._barrier()
         if self.rank == 0 and self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+            if self.mirror is not None:
+                self.mirror.clear()

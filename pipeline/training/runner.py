@@ -24,6 +24,7 @@ from pipeline.bundle.atomic import READ_ONLY, atomic_write_text
 from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
+from pipeline.training.cut_mirror import CutMirror
 from pipeline.training.memory import bound_heap_growth
 from pipeline.training.progress import CLAIM_WAIT, Progress
 from pipeline.training.trainer import FeatureSet, FitContext, FitResult, Trainer, TrainerError
@@ -96,6 +97,7 @@ def run_fit(
     checkpoint_every: int = 0,
     device: torch.device | str = "cpu",
     claim_wait: float = CLAIM_WAIT,
+    progress_mirror: CutMirror | None = None,
 ) -> FitRun:
     """Call ``trainer.fit`` on this rank, then reconcile its last full pass across ranks.
 
@@ -107,11 +109,18 @@ def run_fit(
     ``device`` is this rank's (:func:`~pipeline.training.device.choose_device`). While
     another live process fits on the same cuts, it waits up to ``claim_wait`` seconds for them,
     then refuses (:class:`~pipeline.training.progress.ProgressError`) before any training.
+    ``progress_mirror`` keeps the cuts at a URL too, for ranks on machines with no shared disk.
     """
     # Any trainer's pass over millions of items, and the pipeline's tally of every id beside it,
     # would otherwise leave gigabytes of fragmented heap behind (see pipeline.training.memory).
     bound_heap_growth()
-    progress = Progress(progress_dir, rank=rank, world_size=world_size, every=checkpoint_every)
+    progress = Progress(
+        progress_dir,
+        rank=rank,
+        world_size=world_size,
+        every=checkpoint_every,
+        mirror=progress_mirror,
+    )
     ctx = FitContext(
         index=index,
         config=trainer.parse_config(config),
@@ -158,6 +167,7 @@ class FitOptions(TypedDict, total=False):
     progress_dir: Path | None
     checkpoint_every: int
     device: torch.device | str
+    progress_mirror: CutMirror | None
 
 
 def train_once(

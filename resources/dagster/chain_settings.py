@@ -6,11 +6,21 @@ fields are flat Dagster config, and the PARTIAL policy is made from them as plai
 
 from __future__ import annotations
 
+from typing import Literal
+
 import dagster as dg
 from pydantic import Field
 
 from resources.compute.client import ComputeClient
-from resources.settings import LithiEnv, NonNegativeInt, Policy, PositiveInt, Seconds
+from resources.settings import (
+    LithiEnv,
+    NonNegativeFloat,
+    NonNegativeInt,
+    Policy,
+    PositiveFloat,
+    PositiveInt,
+    Seconds,
+)
 
 
 class ChainSettings(dg.ConfigurableResource):
@@ -31,6 +41,15 @@ class ChainSettings(dg.ConfigurableResource):
     # torch's intra-op threads per rank; 0: the rank's share of the cores it may use
     torch_threads: NonNegativeInt = 0
     torchrun_max_restarts: NonNegativeInt = 1  # torchrun restarts every rank when one dies
+    # with world_size > 1: torchrun on this machine, or ranks on the Ray cluster at RAY_ADDRESS
+    launcher: Literal["torchrun", "ray"] = "torchrun"
+    # the URL every Ray node and this step reach: inputs, cuts, checkpoints pass through it
+    ray_artifacts_url: str = ""
+    ray_credential_ref: str = ""  # registered reference used there, if any
+    ray_python: str = "python"  # the interpreter the Ray job's entry point runs with
+    ray_max_restarts: NonNegativeInt = 2  # attempts after a lost node, on the nodes left
+    ray_worker_cpus: PositiveFloat = 1.0  # Ray resources per rank
+    ray_worker_gpus: NonNegativeFloat = 0.0
     device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
     # where each output bundle is also published, as <publish_url>/<version_id>/ (empty: not)
     publish_url: str = ""
