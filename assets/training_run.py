@@ -172,7 +172,7 @@ def _train_ray(
         raise dg.Failure(
             "LITHI_LAUNCHER=ray needs Ray and dagster-ray: pip install 'lithi-train[ray]'"
         ) from None
-    from resources.run_exchange import RunExchange, collect_outcome, publish_inputs
+    from resources.run_exchange import RunExchange, collect_outcome, heartbeat, publish_inputs
 
     if not settings.ray_artifacts_url:
         raise dg.Failure(
@@ -195,17 +195,23 @@ def _train_ray(
         "--cpus-per-worker", str(settings.ray_worker_cpus),
         "--gpus-per-worker", str(settings.ray_worker_gpus),
         *(["--credential-ref", ref] if ref else []),
+        "--tether-url", exchange.heartbeat_url,
+        "--tether-timeout", str(settings.ray_tether_seconds),
     ]  # fmt: skip
     entrypoint = shlex.join([settings.ray_python, "-m", "pipeline.defs.ray_launch", *args])
     threads = settings.torch_threads or 1
     client = PipesRayJobClient(poll_interval=0.5)
-    invocation = client.run(
-        context=context,
-        submit_job_params={
-            "entrypoint": entrypoint,
-            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        },
-    )
+    # The job stops by itself once this step is gone, however it goes (SIGKILL included):
+    # dagster-ray stops it on an interruption it sees, the heartbeat covers the rest.
+    every = settings.ray_tether_seconds / 6
+    with heartbeat(store, exchange.heartbeat_url, every, ref):
+        invocation = client.run(
+            context=context,
+            submit_job_params={
+                "entrypoint": entrypoint,
+                "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+            },
+        )
     reported: dict = {}
     for result in invocation.get_results():
         reported.update({f"pipes/{k}": v for k, v in (result.metadata or {}).items()})

@@ -8,6 +8,7 @@ what they make pass through one location (``s3://…`` or any fsspec URL) laid o
     <url>/runs/<run_id>/attempt-<k>/    rank 0's checkpoint/ files, then outcome.json last
                                         (one folder per attempt: a restarted fit never
                                         meets a killed attempt's half-published files)
+    <url>/runs/<run_id>/heartbeat       a counter the step raises while it waits (the tether)
     <url>/progress/<key>/               the fit's mid-fit cuts, readable by every node
 
 Everything is published with the bundle store's rules (nothing overwritten, the marker last),
@@ -20,6 +21,10 @@ from __future__ import annotations
 import os
 import posixpath
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +37,78 @@ from pipeline.training.runner import CHECKPOINT_DIR, OUTCOME, TrainSummary
 from resources.bundle_store import BundleStore
 
 INDEX_NAME = "index.parquet"
+HEARTBEAT_NAME = "heartbeat"
+
+
+class Untethered(RuntimeError):
+    """The step that started a job on the cluster stopped beating: nobody waits for the job."""
+
+
+@contextmanager
+def heartbeat(
+    store: BundleStore, url: str, every: float, credential_ref: str | None = None
+) -> Iterator[None]:
+    """Raise a counter at ``url`` every ``every`` seconds while the block runs (first at once).
+
+    A job on other machines cannot see the step's process; it sees the counter stop rising when
+    the step is gone, however it went (a SIGKILL included), and stops (:class:`Tether`).
+    """
+    fs, path = store.open_location(url, credential_ref)
+    stop = threading.Event()
+    beat = [0]
+
+    def write() -> None:
+        beat[0] += 1
+        fs.pipe_file(path, str(beat[0]).encode())
+
+    write()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            try:
+                write()
+            except Exception:  # a missed beat is retried at the next; only silence counts
+                pass
+
+    thread = threading.Thread(target=loop, name="lithi-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+class Tether:
+    """The job's side of :func:`heartbeat`: :meth:`check` raises :class:`Untethered` once the
+    counter has not changed for ``timeout`` seconds of this process's own clock (no clocks of
+    two machines are compared)."""
+
+    def __init__(
+        self, store: BundleStore, url: str, timeout: float, credential_ref: str | None = None
+    ) -> None:
+        self.fs, self.path = store.open_location(url, credential_ref)
+        self.url, self.timeout = url, timeout
+        self.every = max(0.5, timeout / 6)
+        self._seen: bytes | None = None
+        self._changed = self._read_at = time.monotonic()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self._read_at < self.every:
+            return
+        self._read_at = now
+        try:
+            beat = self.fs.cat_file(self.path)
+        except FileNotFoundError:
+            beat = None
+        if beat != self._seen:
+            self._seen, self._changed = beat, now
+        elif now - self._changed > self.timeout:
+            raise Untethered(
+                f"{self.url}: no heartbeat from the step that started this job for "
+                f"{now - self._changed:.0f} s; it is gone, so the training stops"
+            )
 
 
 @dataclass(frozen=True)
@@ -60,6 +137,10 @@ class RunExchange:
 
     def attempt_url(self, attempt: int) -> str:
         return self._join("runs", self.run_id, f"attempt-{attempt}")
+
+    @property
+    def heartbeat_url(self) -> str:
+        return self._join("runs", self.run_id, HEARTBEAT_NAME)
 
     @property
     def progress_url(self) -> str:

@@ -247,7 +247,7 @@ def _place(want: int, options: dict[str, Any], wait: float) -> list[Any]:
 
 
 def _attempt(
-    spec: RankSpec, actors: list[Any], logs: Queue, log
+    spec: RankSpec, actors: list[Any], logs: Queue, log, tether: Any
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Run one attempt on ``actors``: (rank 0's result, None) or (None, why it failed)."""
     world = len(actors)
@@ -260,6 +260,8 @@ def _attempt(
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
         _drain(logs, log)
+        if tether is not None:
+            tether.check()  # raises once the step that waits for this job is gone
         for ref in done:
             try:
                 value = ray.get(ref)
@@ -328,6 +330,7 @@ def run(args: argparse.Namespace, log) -> dict[str, Any]:
     options: dict[str, Any] = {"num_cpus": args.cpus_per_worker, "max_restarts": 0}
     if args.gpus_per_worker:
         options["num_gpus"] = args.gpus_per_worker
+    tether = _tether(args)
     claim = _claim(args.progress_key, args.claim_wait, log)
     logs = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": _here()})
     shapes: list[int] = []
@@ -348,7 +351,12 @@ def run(args: argparse.Namespace, log) -> dict[str, Any]:
                 raise RuntimeError(f"attempt {attempt}: no node left to place a rank on")
             shapes.append(len(actors))
             log(f"attempt {attempt}: {len(actors)} rank(s) placed")
-            result, failure = _attempt(spec, actors, logs, log)
+            try:
+                result, failure = _attempt(spec, actors, logs, log, tether)
+            except BaseException:
+                for a in actors:
+                    ray.kill(a, no_restart=True)
+                raise
             alive = _alive(actors) if result is None else len(actors)
             for a in actors:
                 ray.kill(a, no_restart=True)
@@ -372,6 +380,20 @@ def run(args: argparse.Namespace, log) -> dict[str, Any]:
         ray.kill(claim)
 
 
+def _tether(args: argparse.Namespace) -> Any:
+    """The heartbeat of the step that submitted this job, where it keeps one."""
+    if not args.tether_url:
+        return None
+    from resources.bundle_store import BundleStore
+    from resources.credentials import CredentialRegistry
+    from resources.run_exchange import Tether
+    from resources.settings import LithiEnv
+
+    env = LithiEnv.load()
+    store = BundleStore(env.cache_path, CredentialRegistry(env.credential_ref_map))
+    return Tether(store, args.tether_url, args.tether_timeout, args.credential_ref or None)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline.defs.ray_launch")
     p.add_argument("--exchange-url", required=True, help="the URL every node and the step reach")
@@ -391,6 +413,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--credential-ref", default="", help="registered reference for the URL")
     p.add_argument("--rank-wait", type=float, default=RANK_WAIT)
     p.add_argument("--claim-wait", type=float, default=CLAIM_WAIT)
+    p.add_argument("--tether-url", default="", help="the step's heartbeat: stop when it stops")
+    p.add_argument("--tether-timeout", type=float, default=60.0, help="seconds of silence")
     return p
 
 

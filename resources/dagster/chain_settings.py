@@ -50,6 +50,8 @@ class ChainSettings(dg.ConfigurableResource):
     ray_max_restarts: NonNegativeInt = 2  # attempts after a lost node, on the nodes left
     ray_worker_cpus: PositiveFloat = 1.0  # Ray resources per rank
     ray_worker_gpus: NonNegativeFloat = 0.0
+    # the Ray job stops once this step has not beaten for this long (it is gone)
+    ray_tether_seconds: PositiveFloat = 60.0
     device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
     # where each output bundle is also published, as <publish_url>/<version_id>/ (empty: not)
     publish_url: str = ""

@@ -10,8 +10,10 @@ machines. The Dagster step submits the job to the head's job server (``RAY_ADDRE
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -213,3 +215,95 @@ def test_a_node_lost_mid_epoch_resumes_on_the_nodes_left(tmp_path, labelled_samp
     said = "resumed after step 5 (cut on 2 rank(s), resumed on 1)"
     assert any(said in m for m in logs), logs
     assert any("1 lost" in m for m in logs), logs
+
+
+_STEP = """
+import json, os, sys
+import dagster as dg
+from assets import CHAIN_ASSETS
+from assets.training_run import TrainingConfig
+from resources.dagster.clients import BundleStoreResource
+from tests.helpers.chain import chain_resources
+
+a = json.loads(sys.argv[1])
+resources = chain_resources(
+    __import__("pathlib").Path(a["home"]), a["job_id"], compute_root=a["compute_root"],
+    world_size=2, num_workers=0, launcher="ray", ray_artifacts_url=a["url"],
+    ray_credential_ref=a["ref"], ray_python=sys.executable, ray_tether_seconds=5,
+)
+resources["bundle_store"] = BundleStoreResource(
+    cache_dir=a["home"] + "/cache", credential_refs={a["ref"]: a["secret_env"]}
+)
+config = TrainingConfig(
+    trainer="tests.helpers.stalled_trainer:NodeLostOnce", epochs=2, batch_size=8,
+    auto_features=True,
+)
+with dg.instance_for_test() as instance:
+    dg.materialize(CHAIN_ASSETS, resources=resources, instance=instance,
+                   run_config=dg.RunConfig(ops={"training_run": config}))
+"""
+
+
+def _live_job_actors(dashboard: str) -> list[str]:
+    from ray.util.state import list_actors
+
+    alive = list_actors(
+        address=dashboard, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False
+    )
+    return [a.class_name for a in alive if a.class_name in ("Rank", "_Claim")]
+
+
+@pytest.mark.timeout(limit(600))
+def test_no_rank_outlives_a_step_killed_with_sigkill(tmp_path, labelled_samples, s3):
+    """The Dagster step is SIGKILLed while its Ray job trains: nothing tells the job, yet it
+    stops by itself once the step's heartbeat falls silent, and no rank (nor the claim on the
+    cuts) stays alive on the cluster."""
+    from ray.job_submission import JobSubmissionClient
+
+    marker = tmp_path / "stalled"
+    env = {"STALL_MARKER": str(marker), "STALL_RANK": "0", "STALL_AFTER": "4"}
+    args = {
+        "home": str(tmp_path),
+        "job_id": labelled_samples.jobs["wine"],
+        "compute_root": str(labelled_samples.compute_root),
+        "url": f"s3://{s3.new_bucket()}/exchange",
+        "ref": REF,
+        "secret_env": SECRET_ENV,
+    }
+    with ray_cluster(tmp_path, s3, **env):
+        dashboard = os.environ["RAY_ADDRESS"]
+        step = subprocess.Popen(
+            [sys.executable, "-c", _STEP, json.dumps(args)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=(tmp_path / "step.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until(
+                lambda: marker.exists() or step.poll() is not None,
+                timeout=limit(300),
+                what="rank 0 to be training",
+            )
+            assert marker.exists(), (tmp_path / "step.log").read_text()[-4000:]
+            assert _live_job_actors(dashboard).count("Rank") == WORKERS
+            os.killpg(step.pid, signal.SIGKILL)
+            step.wait()
+        finally:
+            if step.poll() is None:
+                os.killpg(step.pid, signal.SIGKILL)
+                step.wait()
+        jobs = JobSubmissionClient(dashboard)
+        wait_until(
+            lambda: all(j.status.is_terminal() for j in jobs.list_jobs()),
+            timeout=limit(120),
+            what="the orphaned Ray job to stop",
+        )
+        [job] = jobs.list_jobs()
+        assert "no heartbeat from the step" in jobs.get_job_logs(job.submission_id)
+        wait_until(
+            lambda: not _live_job_actors(dashboard),
+            timeout=limit(60),
+            what="every rank and the claim to be gone",
+        )

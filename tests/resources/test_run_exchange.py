@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -20,11 +21,15 @@ from pipeline.training.trainer import load_trainer
 from resources.bundle_store import BundleStore
 from resources.run_exchange import (
     RunExchange,
+    Tether,
+    Untethered,
     collect_outcome,
+    heartbeat,
     load_index,
     publish_inputs,
     publish_outcome,
 )
+from tests.helpers.timing import limit, wait_until
 from tests.helpers.training import classes_index, fit_config
 
 
@@ -88,3 +93,24 @@ def test_a_checkpoint_file_changed_at_the_url_is_refused_by_name(tmp_path, index
     with pytest.raises(DigestMismatch, match=rel):
         collect_outcome(store, url, tmp_path / "step")
     assert not (tmp_path / "step" / OUTCOME).exists()  # nothing vouches for a half-checked run
+
+
+def test_the_heartbeat_rises_while_the_step_waits_and_its_silence_stops_the_job(tmp_path):
+    store = BundleStore(tmp_path / "cache")
+    url = str(tmp_path / "url" / "heartbeat")
+    (tmp_path / "url").mkdir()
+    with heartbeat(store, url, every=0.01):
+        wait_until(lambda: int(Path(url).read_text()) >= 3, timeout=limit(30), what="three beats")
+    last = Path(url).read_text()
+    tether = Tether(store, url, timeout=0.1)  # the step is gone: the counter stays put
+
+    def untethered() -> bool:
+        try:
+            tether.check()
+        except Untethered as e:
+            assert url in str(e)
+            return True
+        return False
+
+    wait_until(untethered, timeout=limit(30), what="the tether to notice the silence")
+    assert Path(url).read_text() == last
