@@ -174,6 +174,11 @@ def _train_ray(
         ) from None
     from resources.run_exchange import RunExchange, collect_outcome, heartbeat, publish_inputs
 
+    if not os.environ.get("RAY_ADDRESS"):
+        raise dg.Failure(
+            "LITHI_LAUNCHER=ray needs RAY_ADDRESS: the job server of the Ray cluster to train on "
+            "(http://HEAD:8265)"
+        )
     if not settings.ray_artifacts_url:
         raise dg.Failure(
             "LITHI_LAUNCHER=ray needs LITHI_RAY_ARTIFACTS_URL: a URL (s3://bucket/prefix, or a "
