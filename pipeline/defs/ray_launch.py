@@ -304,12 +304,6 @@ def _first_line(e: BaseException) -> str:
     return (lines[0] if lines else type(e).__name__)[:300]
 
 
-def _launched_by_dagster() -> bool:
-    from dagster_pipes import PipesEnvVarParamsLoader
-
-    return PipesEnvVarParamsLoader().is_dagster_pipes_process()
-
-
 def run(args: argparse.Namespace, log) -> dict[str, Any]:
     """Claim the cuts, then run attempts until one succeeds or the restarts are spent; the
     metadata the driver reports (rank 0's result, the shapes, the attempts)."""
@@ -421,7 +415,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     ray.init(log_to_driver=False)  # the ranks' lines come through the queue, once
-    if _launched_by_dagster():
+    from pipeline.defs.train_launch import launched_by_dagster
+
+    if launched_by_dagster():
         from dagster_pipes import open_dagster_pipes
 
         with open_dagster_pipes() as pipes:

@@ -67,7 +67,7 @@ def _init_process_group(device: torch.device) -> None:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
-def _launched_by_dagster() -> bool:
+def launched_by_dagster() -> bool:
     """Whether Dagster Pipes launched this process (its context is in the environment).
 
     Launched by hand or by a cluster scheduler (the other nodes of a multi-node run), opening
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     with contextlib.ExitStack() as stack:
         pipes = None
-        if rank == 0 and _launched_by_dagster():
+        if rank == 0 and launched_by_dagster():
             pipes = stack.enter_context(_pipes_channel())
 
         def log(msg: str) -> None:

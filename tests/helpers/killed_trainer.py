@@ -31,23 +31,35 @@ class _KillingLoader(TalliedLoader):
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
+def arm_first_loader(ctx: FitContext, marker: Path, rank: int, cls: type, **attrs: object) -> None:
+    """On the first fit ever (no ``marker`` yet) of rank ``rank``, make the first loader the
+    trainer asks for a ``cls`` (a :class:`TalliedLoader` subclass) with ``attrs`` set."""
+    if marker.exists() or ctx.rank != rank:
+        return
+    make, armed = ctx.loader, []
+
+    def loader(**kw):
+        tallied = make(**kw)
+        if not armed:
+            armed.append(tallied)
+            tallied.__class__ = cls
+            for name, value in {"marker": marker, **attrs}.items():
+                setattr(tallied, name, value)
+        return tallied
+
+    ctx.loader = loader  # type: ignore[method-assign]
+
+
 class KilledOnce(ReferenceTrainer):
     """The reference trainer; its first fit dies by SIGKILL after ``$KILL_AFTER`` batches."""
 
     def fit(self, ctx: FitContext) -> FitResult:
         """Arm the kill on the first loader of the chosen rank, once; then train as usual."""
-        marker = Path(os.environ["KILL_MARKER"])
-        if not marker.exists() and ctx.rank == int(os.environ.get("KILL_RANK", "0")):
-            make, armed = ctx.loader, []
-
-            def loader(**kw):
-                tallied = make(**kw)
-                if not armed:
-                    armed.append(tallied)
-                    tallied.__class__ = _KillingLoader
-                    tallied.kill_after = int(os.environ["KILL_AFTER"])
-                    tallied.marker = marker
-                return tallied
-
-            ctx.loader = loader  # type: ignore[method-assign]
+        arm_first_loader(
+            ctx,
+            Path(os.environ["KILL_MARKER"]),
+            int(os.environ.get("KILL_RANK", "0")),
+            _KillingLoader,
+            kill_after=int(os.environ["KILL_AFTER"]),
+        )
         return super().fit(ctx)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.training.reference import ReferenceTrainer
 from pipeline.training.trainer import FitContext, FitResult, TalliedLoader
+from tests.helpers.killed_trainer import arm_first_loader
 
 
 class _StallingLoader(TalliedLoader):
@@ -37,18 +38,11 @@ class NodeLostOnce(ReferenceTrainer):
 
     def fit(self, ctx: FitContext) -> FitResult:
         """Arm the stall on the first loader of the chosen rank, once; then train as usual."""
-        marker = Path(os.environ["STALL_MARKER"])
-        if not marker.exists() and ctx.rank == int(os.environ.get("STALL_RANK", "1")):
-            make, armed = ctx.loader, []
-
-            def loader(**kw):
-                tallied = make(**kw)
-                if not armed:
-                    armed.append(tallied)
-                    tallied.__class__ = _StallingLoader
-                    tallied.stall_after = int(os.environ["STALL_AFTER"])
-                    tallied.marker = marker
-                return tallied
-
-            ctx.loader = loader  # type: ignore[method-assign]
+        arm_first_loader(
+            ctx,
+            Path(os.environ["STALL_MARKER"]),
+            int(os.environ.get("STALL_RANK", "1")),
+            _StallingLoader,
+            stall_after=int(os.environ["STALL_AFTER"]),
+        )
         return super().fit(ctx)
