@@ -32,7 +32,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -107,19 +107,15 @@ def _train_rank(
     from pipeline.training.runner import train_once
     from pipeline.training.threads import intra_op_threads, torch_threads
     from pipeline.training.trainer import load_trainer
-    from resources.bundle_store import BundleStore
-    from resources.credentials import CredentialRegistry
     from resources.run_exchange import RunExchange, load_index, publish_outcome
-    from resources.settings import LithiEnv
 
     def log(msg: str) -> None:
         line = f"[rank {rank} of {world}] {msg}"
         print(line, file=sys.stderr, flush=True)
         logs.put(line)
 
-    env = LithiEnv.load()  # this node's own: its cache, its registered credential references
+    env, store = _node_store()
     ref = spec.credential_ref or None
-    store = BundleStore(env.cache_path, CredentialRegistry(env.credential_ref_map))
     exchange = RunExchange(spec.exchange_url, spec.run_id, spec.version_id, spec.progress_key)
     fetched = store.fetch(exchange.bundle_url, credential_ref=ref)
     snapshot = store.verify(fetched.path)
@@ -182,6 +178,16 @@ def _train_rank(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _node_store() -> tuple[Any, Any]:
+    """This node's settings and bundle store: its own cache, its registered credential refs."""
+    from resources.bundle_store import BundleStore
+    from resources.credentials import CredentialRegistry
+    from resources.settings import LithiEnv
+
+    env = LithiEnv.load()
+    return env, BundleStore(env.cache_path, CredentialRegistry(env.credential_ref_map))
+
+
 def _scratch_root(home: Path) -> Path:
     root = home / "ray"
     root.mkdir(parents=True, exist_ok=True)
@@ -225,13 +231,12 @@ def _here() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def _place(want: int, options: dict[str, Any], wait: float) -> list[Any]:
-    """Ask for ``want`` ranks spread over the nodes; those placed within ``wait`` seconds."""
-    actors = [Rank.options(**options, scheduling_strategy="SPREAD").remote() for _ in range(want)]
+def _answering(actors: list[Any], wait: float) -> list[bool]:
+    """Which of ``actors`` answer a ping within ``wait`` seconds (placed, process and node up)."""
     pings = [a.node.remote() for a in actors]
     done, _ = ray.wait(pings, num_returns=len(pings), timeout=wait)
-    placed = []
-    for actor, ping in zip(actors, pings, strict=True):
+    answers = []
+    for ping in pings:
         ok = False
         if ping in done:
             try:
@@ -239,6 +244,15 @@ def _place(want: int, options: dict[str, Any], wait: float) -> list[Any]:
                 ok = True
             except ray.exceptions.RayError:
                 pass
+        answers.append(ok)
+    return answers
+
+
+def _place(want: int, options: dict[str, Any], wait: float) -> list[Any]:
+    """Ask for ``want`` ranks spread over the nodes; those placed within ``wait`` seconds."""
+    actors = [Rank.options(**options, scheduling_strategy="SPREAD").remote() for _ in range(want)]
+    placed = []
+    for actor, ok in zip(actors, _answering(actors, wait), strict=True):
         if ok:
             placed.append(actor)
         else:
@@ -273,20 +287,6 @@ def _attempt(
     return result, None
 
 
-def _alive(actors: list[Any], wait: float = 10.0) -> int:
-    """How many of ``actors`` still answer (their process and node are up)."""
-    pings = [a.node.remote() for a in actors]
-    done, _ = ray.wait(pings, num_returns=len(pings), timeout=wait)
-    alive = 0
-    for ping in done:
-        try:
-            ray.get(ping)
-            alive += 1
-        except ray.exceptions.RayError:
-            pass
-    return alive
-
-
 def _drain(logs: Queue, log) -> None:
     while not logs.empty():
         try:
@@ -307,20 +307,7 @@ def _first_line(e: BaseException) -> str:
 def run(args: argparse.Namespace, log) -> dict[str, Any]:
     """Claim the cuts, then run attempts until one succeeds or the restarts are spent; the
     metadata the driver reports (rank 0's result, the shapes, the attempts)."""
-    spec = RankSpec(
-        exchange_url=args.exchange_url,
-        run_id=args.run_id,
-        version_id=args.version_id,
-        progress_key=args.progress_key,
-        index_sha256=args.index_sha256,
-        trainer=args.trainer,
-        config=args.config,
-        num_workers=args.num_workers,
-        device=args.device,
-        checkpoint_every=args.checkpoint_every,
-        credential_ref=args.credential_ref,
-        attempt=0,
-    )
+    given = {f.name: getattr(args, f.name) for f in fields(RankSpec) if f.name != "attempt"}
     options: dict[str, Any] = {"num_cpus": args.cpus_per_worker, "max_restarts": 0}
     if args.gpus_per_worker:
         options["num_gpus"] = args.gpus_per_worker
@@ -331,7 +318,7 @@ def run(args: argparse.Namespace, log) -> dict[str, Any]:
     want = args.workers
     try:
         for attempt in range(args.max_restarts + 1):
-            spec = RankSpec(**{**asdict(spec), "attempt": attempt})
+            spec = RankSpec(**given, attempt=attempt)
             actors = _place(want, options, args.rank_wait)
             if attempt == 0 and len(actors) < args.workers:
                 for a in actors:
@@ -351,7 +338,7 @@ def run(args: argparse.Namespace, log) -> dict[str, Any]:
                 for a in actors:
                     ray.kill(a, no_restart=True)
                 raise
-            alive = _alive(actors) if result is None else len(actors)
+            alive = sum(_answering(actors, 10.0)) if result is None else len(actors)
             for a in actors:
                 ray.kill(a, no_restart=True)
             if result is not None:
@@ -378,13 +365,9 @@ def _tether(args: argparse.Namespace) -> Any:
     """The heartbeat of the step that submitted this job, where it keeps one."""
     if not args.tether_url:
         return None
-    from resources.bundle_store import BundleStore
-    from resources.credentials import CredentialRegistry
     from resources.run_exchange import Tether
-    from resources.settings import LithiEnv
 
-    env = LithiEnv.load()
-    store = BundleStore(env.cache_path, CredentialRegistry(env.credential_ref_map))
+    _, store = _node_store()
     return Tether(store, args.tether_url, args.tether_timeout, args.credential_ref or None)
 
 

@@ -21,8 +21,12 @@ from pathlib import Path
 
 import fsspec  # type: ignore[import-untyped]
 
-#: The commit marker's name, in the mirror as on disk (kept equal to progress.COMMITTED).
+from pipeline.bundle.atomic import atomic_write_bytes
+
+#: The commit marker's name, in the mirror as on disk.
 COMMITTED = "committed.json"
+#: A cut's folder, by the step it was taken after (names sort by step).
+CUT = "step-{:010d}"
 
 
 class CutMirror:
@@ -70,7 +74,7 @@ class CutMirror:
         except FileNotFoundError:
             return None
         step = int(json.loads(committed)["step"])
-        cut = f"step-{step:010d}"
+        cut = CUT.format(step)
         dest = local / cut
         dest.mkdir(parents=True, exist_ok=True)
         for remote in self.fs.ls(self._path(cut), detail=False):
@@ -80,8 +84,5 @@ class CutMirror:
             os.close(fd)
             self.fs.get_file(remote, tmp)
             os.replace(tmp, dest / name)
-        fd, tmp = tempfile.mkstemp(dir=local, prefix=f".{COMMITTED}.")
-        with os.fdopen(fd, "wb") as f:
-            f.write(committed)
-        os.replace(tmp, local / COMMITTED)
+        atomic_write_bytes(local / COMMITTED, committed)
         return step

@@ -38,10 +38,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.bundle.atomic import atomic_write_bytes, atomic_write_text
-from pipeline.training.cut_mirror import CutMirror
-
-COMMITTED = "committed.json"
-_CUT = "step-{:010d}"
+from pipeline.training.cut_mirror import COMMITTED, CUT, CutMirror
 
 #: Seconds a fit waits for another live fit's claim on the same cuts before it refuses: long
 #: enough for a process that is being killed to be gone, short enough to fail a run visibly.
@@ -180,7 +177,7 @@ class Progress:
         """
         if self.directory is None:
             return
-        cut = self.directory / _CUT.format(step)
+        cut = self.directory / CUT.format(step)
         cut.mkdir(parents=True, exist_ok=True)
         data: dict[str, Any] = {"step": step, "local": local}
         if self.rank == 0:
@@ -217,7 +214,7 @@ class Progress:
             return None
         committed = json.loads((self.directory / COMMITTED).read_text())
         step, world = int(committed["step"]), int(committed["world_size"])
-        cut = self.directory / _CUT.format(step)
+        cut = self.directory / CUT.format(step)
 
         def part(rank: int) -> dict[str, Any]:
             path = cut / f"rank-{rank}.pt"
