@@ -45,9 +45,11 @@ CHILD = """
     it = iter(loader)
     next(it)
     if sys.argv[2] == "kill-worker":
-        for w in loader.loader._iterator._workers:
-            os.kill(w.pid, signal.SIGKILL)
+        # torch's SIGCHLD handler may raise as soon as the first worker dies, still inside the
+        # kill loop on a busy machine: the loop belongs inside the try
         try:
+            for w in loader.loader._iterator._workers:
+                os.kill(w.pid, signal.SIGKILL)
             for _ in it:
                 pass
         except RuntimeError as e:  # torch: "DataLoader worker (pid ...) is killed by signal"
