@@ -56,8 +56,18 @@ def available() -> bool:
     return fcntl is not None
 
 
+#: Where the shared directories go, when set: a machine whose ``/dev/shm`` is small (a
+#: container's default is 64 MiB) or shared with strangers points it at storage of its own.
+ROOT_ENV = "LITHI_SHARED_PARTS_DIR"
+
+
 def default_root() -> str:
-    """``/dev/shm`` (memory, so a published part costs no disk I/O) if usable, else the temp dir."""
+    """``$LITHI_SHARED_PARTS_DIR`` if set; else ``/dev/shm`` (memory, so a published part costs
+    no disk I/O) if usable, else the temp dir."""
+    chosen = os.environ.get(ROOT_ENV)
+    if chosen:
+        os.makedirs(chosen, exist_ok=True)
+        return chosen
     shm = "/dev/shm"
     if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
         return shm

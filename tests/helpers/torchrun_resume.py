@@ -18,6 +18,7 @@ Each rank writes its pid to ``pid-<phase>-rank<R>``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -140,6 +141,8 @@ def main() -> None:
     ap.add_argument("--k", choices=["first", "middle", "last"], default="middle")
     ap.add_argument("--gloo-timeout", type=float, default=30.0)
     args = ap.parse_args()
+    # torchrun SIGTERMs the ranks left when one fails: a rank that hangs says where it stood
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     # the test scopes its /dev/shm leftover checks to these processes
     Path(args.out, f"pid-{args.phase}-rank{os.environ['RANK']}").write_text(str(os.getpid()))
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))

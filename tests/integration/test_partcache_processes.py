@@ -7,6 +7,7 @@ workers are fresh interpreters too. What one process shows is tests/readers/test
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.readers import set_epoch
-from pipeline.readers.partcache import PREFIX, sweep_stale
+from pipeline.readers.partcache import PREFIX, ROOT_ENV, sweep_stale
 from tests.helpers.readers import (
     UNEVEN_SIZES,
     epoch_batches,
@@ -30,8 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 _OUT = dict(cwd=ROOT, capture_output=True, text=True, timeout=limit(120))
 
 
-def _run_child(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], **_OUT)
+def _run_child(code: str, *args: str, parts: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``code``; with ``parts``, its shared directories go there (``LITHI_SHARED_PARTS_DIR``)
+    rather than where any other test's dataset may sweep them."""
+    env = {**os.environ, **({ROOT_ENV: str(parts)} if parts else {})}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env, **_OUT)
 
 
 CHILD = """
@@ -76,8 +80,8 @@ def test_nothing_is_left_after_the_process_exits(index, how):
 
 
 @pytest.mark.durable
-def test_a_killed_owners_directory_is_swept_by_the_next_one(index):
-    done = _run_child(CHILD, str(index.snapshot.root), "kill-main")
+def test_a_killed_owners_directory_is_swept_by_the_next_one(index, tmp_path):
+    done = _run_child(CHILD, str(index.snapshot.root), "kill-main", parts=tmp_path)
     assert done.returncode == -signal.SIGKILL
     path = Path(done.stdout.split()[0])
     assert path.exists()  # nothing runs in a SIGKILLed process...

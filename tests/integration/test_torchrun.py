@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.readers import partcache
 from tests.helpers.bundles import make_bundle
 from tests.helpers.timing import limit
 from tests.helpers.torchrun import run_torchrun
@@ -22,20 +23,22 @@ SIZES = [1, 300, 2, 250, 100, 199, 157]  # 1,009 items, 7 uneven parts
 def _shared_dirs(out: Path, pattern: str = "pid-*") -> set[str]:
     """The decoded-part directories (MapDataset's shared parts) that the ranks whose pids are in
     ``out/<pattern>`` own: only this test's processes, whatever else reads bundles meanwhile."""
-    from pipeline.readers import partcache
-
     pids = {p.read_text().strip() for p in out.glob(pattern)}
     assert pids, f"no rank wrote its pid to {out}/{pattern}"
     mine = tuple(f"{partcache.PREFIX}{partcache._pid_namespace()}-{pid}-" for pid in pids)
-    return {n for n in os.listdir(partcache.default_root()) if n.startswith(mine)}
+    return {n for n in os.listdir(out / "parts") if n.startswith(mine)}
 
 
 def _torchrun(
     bundle: Path, out: Path, *extra: str, timeout: float, script: Path = SCRIPT, ranks: int = 2
 ) -> subprocess.CompletedProcess:
+    # The ranks' shared parts in a directory of this test's own: a test elsewhere that builds a
+    # dataset sweeps every dead process's directory from the default one, a killed rank's too.
+    parts = {partcache.ROOT_ENV: str(out / "parts")}
     return run_torchrun(
-        ranks, str(script), "--bundle", str(bundle), "--out", str(out), *extra, timeout=timeout
-    )
+        ranks, str(script), "--bundle", str(bundle), "--out", str(out), *extra, timeout=timeout,
+        env=parts,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -273,3 +273,12 @@ def test_no_space_to_publish_falls_back_to_private_decoding(tmp_path, monkeypatc
     got = shared.tables([0, 1], _decoder(calls))
     assert calls == [0, 1] and got[1]["v"].to_pylist() == [1] * 3
     assert shared.published() == [] and sorted(os.listdir(shared.path)) == ["0.lock"]
+
+
+def test_the_shared_directory_goes_where_the_environment_says(index, tmp_path, monkeypatch):
+    monkeypatch.setenv(partcache.ROOT_ENV, str(tmp_path / "parts"))
+    loader = shared_parts_loader(index, transfer_batches=4)
+    epoch_batches(loader, 0)
+    path = Path(loader.dataset.shared.path)
+    assert path.parent == tmp_path / "parts" and path.name.startswith(PREFIX)
+    assert len(list(path.glob("*.arrow"))) == len(UNEVEN_SIZES)
