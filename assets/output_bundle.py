@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import dagster as dg
-import pyarrow as pa
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
@@ -12,6 +11,7 @@ from pipeline.bundle.errors import BundleError
 from pipeline.bundle.manifest import InputRef
 from pipeline.bundle.stage import new_version_id, stage
 from pipeline.bundle.verify import VerifiedSnapshot, check
+from pipeline.training.predictions import PredictionFile
 from pipeline.training.record import (
     CHECKPOINT_DIR,
     RECORD_NAME,
@@ -36,7 +36,7 @@ TRAINING_RECORD = "training-record.json"
 )
 def output_bundle(
     context: dg.AssetExecutionContext,
-    prediction_table: pa.Table,
+    prediction_table: PredictionFile,
     training_run: TrainedModel,
     bundle_store: BundleStoreResource,
     chain_settings: ChainSettings,
@@ -55,8 +55,9 @@ def output_bundle(
     # said before anything is published, so the next run can tell if this one never recorded it
     atomic_write_text(artifacts.directory(context) / PUBLISHING, version + "\n")
     staged = stage(
-        prediction_table,
+        prediction_table.iter_batches(),  # row groups as they were written, never whole
         store.staging_path(version),
+        schema=prediction_table.schema,
         id_field=training_run.index.id_field,
         kind="prediction",
         version_id=version,

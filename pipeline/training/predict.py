@@ -4,7 +4,9 @@ Failed and abstained items are predicted too, so the table accounts for the whol
 their ``lithi_status`` travels beside the prediction so a reader can tell them apart, and
 ``holdout`` says which rows the fit held out (its holdout metrics are over the accepted ones).
 Items are read with the iterable reader, in part order: its memory is one row group, where the
-map-style reader keeps every decoded part it touched (the whole bundle, for a full pass).
+map-style reader keeps every decoded part it touched (the whole bundle, for a full pass). The
+predictions leave as a stream of record batches, one per loader batch, which the pipeline writes
+in row groups as they come (:mod:`pipeline.training.predictions`): no step holds the table.
 Columns stay Arrow and numpy end to end; no per-item Python object is made. On a GPU
 (``ctx.device``) the model runs there, on batches large enough to keep it busy, and only its
 outputs come back.
@@ -17,6 +19,9 @@ missing value, so a row missing one gets a null prediction rather than a guess.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import torch
@@ -25,13 +30,14 @@ from pipeline.bundle import format as fmt
 from pipeline.training.device import to_device
 from pipeline.training.features import (
     FeatureColumn,
+    FeatureSpec,
     ValueCounts,
     holdout_flags,
     incomplete_rows,
     to_features,
 )
 from pipeline.training.fit import CHECKPOINT
-from pipeline.training.model import load_checkpoint
+from pipeline.training.model import MLP, load_checkpoint
 from pipeline.training.trainer import PredictContext
 
 #: Rows per prediction batch: on the CPU a batch whose temporaries stay in cache; on a GPU one
@@ -39,18 +45,33 @@ from pipeline.training.trainer import PredictContext
 BATCH_ROWS = {"cpu": 1024, "cuda": 16384}
 
 
-@torch.no_grad()
-def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> pa.Table:
-    """Predict every item of ``ctx.index`` with the checkpoint in ``ctx.checkpoint_dir``.
+def predict_reference(
+    ctx: PredictContext, *, batch_size: int | None = None
+) -> pa.RecordBatchReader:
+    """Predict every item of ``ctx.index`` with the checkpoint in ``ctx.checkpoint_dir``, as a
+    stream of record batches (one per loader batch; nothing is held beyond one).
 
     Classification gives the class and its probability (``score``); regression gives the value.
+    ``ctx.metadata`` is filled in once the stream has been read to its end.
     """
     model, spec = load_checkpoint(ctx.checkpoint_dir / CHECKPOINT)
-    device = ctx.device
-    model.to(device)
+    model.to(ctx.device)
     if batch_size is None:
-        batch_size = BATCH_ROWS.get(device.type, BATCH_ROWS["cpu"])
+        batch_size = BATCH_ROWS.get(ctx.device.type, BATCH_ROWS["cpu"])
     index = ctx.index
+    classify = spec.task == "classification"
+    schema = pa.schema(
+        [
+            (index.id_field, pa.string()),
+            ("prediction", pa.array(spec.classes).type if classify else pa.float64()),
+            *([("score", pa.float32())] if classify else []),
+            *([(fmt.STATUS_COLUMN, pa.string())] if index.is_result else []),
+            ("holdout", pa.bool_()),
+            # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64
+            # (a staged bundle declares it string; Parquet stores it dictionary-encoded anyway).
+            ("checkpoint_sha256", pa.dictionary(pa.int8(), pa.string())),
+        ]
+    )
     loader = ctx.loader(
         style="iterable",
         batch_size=batch_size,
@@ -58,58 +79,52 @@ def predict_reference(ctx: PredictContext, *, batch_size: int | None = None) -> 
         num_workers=0,
         columns=[c.name for c in spec.columns],  # and the id and lithi_* columns
     )
-    ids: list[pa.Array] = []
-    statuses: list[pa.Array] = []
-    # Results go into arrays allocated once: a small array kept per batch, between the batch's
-    # large temporaries, fragments the C heap so it never shrinks (see pipeline.training.memory).
-    cap = len(index)
+    return pa.RecordBatchReader.from_batches(
+        schema, _batches(ctx, model, spec, loader, schema, batch_size)
+    )
+
+
+@torch.no_grad()
+def _batches(
+    ctx: PredictContext,
+    model: MLP,
+    spec: FeatureSpec,
+    loader: Iterable[dict[str, Any]],
+    schema: pa.Schema,
+    batch_size: int,
+) -> Iterator[pa.RecordBatch]:
+    index, device = ctx.index, ctx.device
     classify = spec.task == "classification"
-    preds = np.empty(cap, dtype=np.int64 if classify else np.float64)
-    scores = np.empty(cap if classify else 0, dtype=np.float32)
-    n = 0
-    counts = ValueCounts()
+    classes = pa.array(spec.classes if classify else [])
     guess = ctx.config.missing == "fill"
-    unknown = np.zeros(0 if guess else cap, dtype=np.bool_)  # rows predicted as null
+    counts = ValueCounts()
+    not_predicted = 0
+    digest = pa.array([ctx.checkpoint_sha256], pa.string())
+    no_digest_index = np.zeros(batch_size, dtype=np.int8)
     for batch in loader:
         batch = to_device(batch, device)
         out = model(to_features(batch, spec, device=device, counts=counts))
-        if not guess:
-            gap = incomplete_rows(batch, spec, device=device)
-            unknown[n : n + out.shape[0]] = gap.cpu().numpy()
-        ids.append(pa.array(batch[index.id_field], pa.string()))
-        if index.is_result:
-            statuses.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
         rows = out.shape[0]
+        mask = None if guess else incomplete_rows(batch, spec, device=device).cpu().numpy()
+        if mask is not None:
+            not_predicted += int(mask.sum())
+        ids = pa.array(batch[index.id_field], pa.string())
+        columns: list[pa.Array] = [ids]
         if classify:
             score, k = torch.softmax(out, dim=1).max(dim=1)
-            preds[n : n + rows] = k.cpu().numpy()
-            scores[n : n + rows] = score.cpu().numpy()
+            columns.append(classes.take(pa.array(k.cpu().numpy(), mask=mask)))
+            columns.append(pa.array(score.cpu().numpy(), pa.float32(), mask=mask))
         else:
             value = out.squeeze(1).double() * spec.target_std + spec.target_mean
-            preds[n : n + rows] = value.cpu().numpy()
-        n += rows
-    columns: dict[str, pa.Array] = {
-        index.id_field: pa.concat_arrays(ids) if ids else pa.array([], pa.string())
-    }
-    mask = None if guess else unknown[:n]
-    if classify:
-        columns["prediction"] = pa.array(spec.classes).take(pa.array(preds[:n], mask=mask))
-        columns["score"] = pa.array(scores[:n], pa.float32(), mask=mask)
-    else:
-        columns["prediction"] = pa.array(preds[:n], pa.float64(), mask=mask)
-    if index.is_result:
-        columns[fmt.STATUS_COLUMN] = pa.concat_arrays(statuses)
-    # the split made visible: a baseline can be scored on the same held-out rows
-    columns["holdout"] = pa.array(
-        holdout_flags(columns[index.id_field], ctx.config.holdout_percent), pa.bool_()
-    )
-    # One digest for every row: dictionary-encoded, so n rows cost n bytes, not n x 64 (a
-    # staged bundle declares it string; Parquet stores it dictionary-encoded either way).
-    columns["checkpoint_sha256"] = pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(n, dtype=np.int8)), pa.array([ctx.checkpoint_sha256], pa.string())
-    )
-    ctx.metadata.update(_report(counts, spec.columns, 0 if guess else int(unknown[:n].sum())))
-    return pa.table(columns)
+            columns.append(pa.array(value.cpu().numpy(), pa.float64(), mask=mask))
+        if index.is_result:
+            columns.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
+        # the split made visible: a baseline can be scored on the same held-out rows
+        columns.append(pa.array(holdout_flags(ids, ctx.config.holdout_percent), pa.bool_()))
+        zeros = no_digest_index[:rows] if rows <= batch_size else np.zeros(rows, np.int8)
+        columns.append(pa.DictionaryArray.from_arrays(pa.array(zeros), digest))
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
+    ctx.metadata.update(_report(counts, spec.columns, not_predicted))
 
 
 def _report(

@@ -43,6 +43,6 @@ class ReferenceTrainer(Trainer):
         """Train the MLP and write ``model.pt`` (:func:`~pipeline.training.fit.fit_reference`)."""
         return fit_reference(ctx)
 
-    def predict(self, ctx: PredictContext) -> pa.Table:
-        """Predict every item; see :func:`~pipeline.training.predict.predict_reference`."""
+    def predict(self, ctx: PredictContext) -> pa.RecordBatchReader:
+        """Every item, streamed: :func:`~pipeline.training.predict.predict_reference`."""
         return predict_reference(ctx)

@@ -28,6 +28,7 @@ A minimal trainer::
 
         def predict(self, ctx: PredictContext) -> pa.Table:
             ...                                   # one row per item, keyed by ctx.index.id_field
+                                                  # (or a pa.RecordBatchReader, streamed)
 
 Nothing here imports Dagster.
 """
@@ -309,8 +310,10 @@ class Trainer(abc.ABC):
         """Train on ``ctx.loader(...)`` batches and write the checkpoint into ``ctx.output_dir``."""
 
     @abc.abstractmethod
-    def predict(self, ctx: PredictContext) -> pa.Table:
-        """Return one row per item of ``ctx.index``, keyed by its string id column."""
+    def predict(self, ctx: PredictContext) -> pa.Table | pa.RecordBatchReader:
+        """Return one row per item of ``ctx.index``, keyed by its string id column: a table, or
+        a ``pa.RecordBatchReader`` for a table too large to hold (the pipeline writes the
+        batches in row groups as they come; fill ``ctx.metadata`` by the stream's end)."""
 
     def check(self, config: Any, schema: Schema, id_field: str) -> None:  # noqa: B027 (optional)
         """Refuse a config that cannot work on a bundle declaring ``schema``, before any work.

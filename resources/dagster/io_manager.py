@@ -29,6 +29,7 @@ from pipeline.bundle.fingerprint import Fingerprint, matches
 from pipeline.bundle.manifest import SnapshotId
 from pipeline.bundle.verify import VerifiedSnapshot
 from pipeline.readers.index import Index
+from pipeline.training.predictions import PredictionFile
 from pipeline.training.record import RECORD_NAME, TrainedModel, TrainingRecord, read_record
 from resources.bundle_store import BundleStore, SourceBundle
 from resources.dagster.artifacts import ArtifactStore
@@ -80,6 +81,18 @@ class ChainIOManager(dg.ConfigurableIOManager):
                     for rel in obj.record.checkpoint.files
                 },
             }
+        elif isinstance(obj, PredictionFile):
+            # written in row groups by the step itself, in this folder; what it is now is
+            # fingerprinted, so a load notices a file changed since
+            ref = {
+                "type": "table_file",
+                "path": str(obj.path),
+                "rows": obj.rows,
+                "id_field": obj.id_field,
+                "by_status": obj.by_status,
+                "fingerprint": Fingerprint.of(obj.path).as_dict(),
+            }
+            context.add_output_metadata({"table_path": dg.MetadataValue.path(str(obj.path))})
         elif isinstance(obj, pa.Table):
             path = folder / TABLE_NAME
             with atomic_path(path) as tmp:
@@ -89,7 +102,8 @@ class ChainIOManager(dg.ConfigurableIOManager):
         else:
             raise TypeError(
                 f"{context.asset_key.to_user_string()} returned {type(obj).__name__}; the chain's "
-                "IO manager stores SourceBundle, VerifiedSnapshot, Index, TrainedModel, pa.Table"
+                "IO manager stores SourceBundle, VerifiedSnapshot, Index, TrainedModel, "
+                "PredictionFile, pa.Table"
             )
         atomic_write_text(folder / REF_NAME, json.dumps(ref, indent=2) + "\n")
 
@@ -123,6 +137,12 @@ class ChainIOManager(dg.ConfigurableIOManager):
             return _load_trained_model(ref, store)
         if kind == "table":
             return pq.read_table(ref["path"])
+        if kind == "table_file":
+            predictions = _load_prediction_file(ref)
+            # an input typed as the file streams it; any other (a user's pa.Table) gets it whole
+            if getattr(context.dagster_type, "typing_type", None) is PredictionFile:
+                return predictions
+            return predictions.read()
         raise StaleArtifact(f"{folder / REF_NAME}: unknown artifact type {kind!r}")
 
 
@@ -178,6 +198,17 @@ def _load_index(ref: dict[str, Any], store: BundleStore) -> Index:
     if index.digest != ref["sha256"]:
         raise StaleArtifact(f"{ref['path']}: index_sha256 is {index.digest}, not {ref['sha256']}")
     return index
+
+
+def _load_prediction_file(ref: dict[str, Any]) -> PredictionFile:
+    path = Path(ref["path"])
+    if not path.is_file():
+        raise StaleArtifact(f"{path}: the prediction table is gone; materialize it again")
+    if not matches(path, Fingerprint.from_dict(ref["fingerprint"])):
+        raise StaleArtifact(f"{path}: changed since it was written; materialize it again")
+    return PredictionFile(
+        path=path, rows=ref["rows"], id_field=ref["id_field"], by_status=ref["by_status"]
+    )
 
 
 def _load_trained_model(ref: dict[str, Any], store: BundleStore) -> TrainedModel:

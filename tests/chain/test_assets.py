@@ -34,6 +34,7 @@ from assets import (
 from assets._metadata import plain
 from assets.result_manifest import COMPLETE, ResultManifestConfig
 from pipeline.bundle.verify import VerifiedSnapshot, verify
+from pipeline.training.predictions import PredictionFile, write_predictions
 from pipeline.training.record import OutputRecord, TrainedModel, read_record
 from resources.bundle_store import SourceBundle
 from resources.compute.local import LocalCompute
@@ -99,7 +100,10 @@ def links(labelled_samples, tmp_path_factory) -> Links:
         pipes_subprocess_client=res["pipes_subprocess_client"],
     )
     predictions = prediction_table(
-        dg.build_asset_context(), training_run=training.value, chain_settings=settings
+        dg.build_asset_context(),
+        training_run=training.value,
+        chain_settings=settings,
+        artifacts=res["artifacts"],
     )
     output = output_bundle(
         dg.build_asset_context(),
@@ -177,17 +181,21 @@ def test_the_training_run_records_the_data_and_code_beside_its_checkpoint(links)
     assert iterated_counts_reconcile(training_run=model).passed
 
 
-def test_one_prediction_per_item_keyed_by_the_same_string_ids(links):
-    table = links.predictions.value
+def test_one_prediction_per_item_keyed_by_the_same_string_ids(links, tmp_path):
+    written = links.predictions.value
+    assert isinstance(written, PredictionFile)
+    table = written.read()
     index = links.index.value
-    assert isinstance(table, pa.Table) and table.num_rows == len(index)
+    assert table.num_rows == len(index) == written.rows
     ids = table.column(index.id_field)
     assert ids.type == pa.string() and sorted(ids.to_pylist()) == sorted(index.ids.to_pylist())
     checkpoint = links.training.value.record.checkpoint.sha256
     assert set(table.column("checkpoint_sha256").to_pylist()) == {checkpoint}
-    assert one_row_per_item(prediction_table=table, training_run=links.training.value).passed
+    assert one_row_per_item(prediction_table=written, training_run=links.training.value).passed
     # a table missing a row is caught, naming the item
-    short = table.slice(1)
+    short = write_predictions(
+        table.slice(1), tmp_path / "short.parquet", id_field=index.id_field, trainer="test"
+    )
     missed = one_row_per_item(prediction_table=short, training_run=links.training.value)
     assert not missed.passed
     assert ids[0].as_py() in missed.metadata["problems"].value

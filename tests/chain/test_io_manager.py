@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import dagster as dg
+import pyarrow as pa
 import pytest
 
 from assets import (
@@ -22,6 +23,7 @@ from assets import (
 from assets.training_run import TrainingConfig
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.bundle.errors import DigestMismatch
+from resources.dagster.io_manager import StaleArtifact
 from tests.helpers.bundles import edit_in_place
 from tests.helpers.chain import FAST_TRAINING
 
@@ -102,3 +104,37 @@ def test_the_training_config_round_trips_as_run_config():
     config = TrainingConfig(epochs=2, reader="iterable", features=["x"])
     as_dict = dg.RunConfig(ops={"training_run": config}).to_config_dict()
     assert as_dict["ops"]["training_run"]["config"] == config.model_dump()
+
+
+@TRACKS
+def test_predictions_load_whole_for_a_table_input_and_a_changed_file_is_refused(trained, covered):
+    """A user's own asset that takes ``prediction_table`` as a ``pa.Table`` gets the table the
+    step streamed to disk; once that file has changed, it gets a refusal instead."""
+    instance, resources, _ = trained
+    predicted = _predict_in_a_new_run(instance, resources)
+    assert predicted.success
+    meta = predicted.asset_materializations_for_node("prediction_table")[0].metadata
+    seen: dict[str, int] = {}
+
+    @dg.asset
+    def my_report(prediction_table: pa.Table) -> None:
+        seen["rows"] = prediction_table.num_rows
+
+    def report() -> dg.ExecuteInProcessResult:
+        return dg.materialize(
+            [my_report, prediction_table, *UP_TO_TRAINING],
+            selection=[my_report],
+            resources=resources,
+            instance=instance,
+            raise_on_error=False,
+        )
+
+    assert report().success
+    assert seen["rows"] == meta["dagster/row_count"].value > 0
+    path = Path(meta["table_path"].value)
+    _change(path, covered, path.stat().st_size // 2)
+    refused = report()
+    assert not refused.success
+    error = refused.get_step_failure_events()[0].step_failure_data.error
+    assert error.cause.cls_name == StaleArtifact.__name__
+    assert "changed since it was written" in error.cause.message

@@ -67,4 +67,6 @@ def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None)
             checkpoint_sha256=files.sha256,
         )
     )
+    if isinstance(table, pa.RecordBatchReader):  # streamed: read whole, the tests are small
+        table = table.read_all()
     return result, report, passes, files, table

@@ -159,7 +159,7 @@ def test_unseen_values_at_prediction_are_predicted_and_counted(index, tmp_path):
         checkpoint_dir=tmp_path / "ckpt",
         checkpoint_sha256=hash_checkpoint(tmp_path / "ckpt").sha256,
     )
-    predictions = trainer.predict(ctx)
+    predictions = trainer.predict(ctx).read_all()
     assert predictions.num_rows == len(other) and predictions["prediction"].null_count == 0
     atlantis = new["island"].to_pylist().count("Atlantis")
     assert atlantis > 0
