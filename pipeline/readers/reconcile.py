@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch.distributed as dist
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import BundleError
-from pipeline.bundle.ids import duplicates
+from pipeline.bundle.ids import absent, duplicates, id_hashes
 from pipeline.bundle.manifest import Manifest
 
 _EXAMPLES = 5
@@ -158,12 +157,13 @@ def reconcile(
     if result:
         for s in fmt.STATUSES:
             found_status.setdefault(s, 0)
-    dups, dup_examples = duplicates(chunks, limit=_EXAMPLES)
-    missing, missing_examples = None, []
+    # hashed once, for the duplicates and the missing; never a hash table of the strings
+    found = id_hashes(chunks)
+    dups, dup_examples = duplicates([seen], limit=_EXAMPLES, hashes=[found])
+    missing: int | None = None
+    missing_examples: list[str] = []
     if ids is not None:
-        absent = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=seen.combine_chunks())))
-        missing = len(absent)
-        missing_examples = absent.slice(0, _EXAMPLES).to_pylist()
+        missing, missing_examples = absent(ids, chunks, _EXAMPLES, found_hashes=found)
     report = ReconcileReport(
         items_expected=manifest.counts.items,
         items_iterated=len(seen),
@@ -249,16 +249,17 @@ def keyed_coverage(
     index_all = (
         index_ids.combine_chunks() if isinstance(index_ids, pa.ChunkedArray) else index_ids
     ).cast(pa.string())
-    dups, dup_examples = duplicates([table_all], limit=_EXAMPLES)
-    missing = pc.filter(index_all, pc.invert(pc.is_in(index_all, value_set=table_all)))
-    extra = pc.filter(table_all, pc.invert(pc.is_in(table_all, value_set=index_all)))
+    table_hashes = id_hashes(table_all)
+    dups, dup_examples = duplicates([table_all], limit=_EXAMPLES, hashes=[table_hashes])
+    missing, missing_examples = absent(index_all, [table_all], _EXAMPLES, found_hashes=table_hashes)
+    extra, extra_examples = absent(table_all, [index_all], _EXAMPLES)
     return KeyedCoverage(
         rows=len(table_all),
         items=len(index_all),
         duplicates=dups,
         duplicate_examples=dup_examples,
-        missing=len(missing),
-        missing_examples=missing.slice(0, _EXAMPLES).to_pylist(),
-        extra=len(extra),
-        extra_examples=extra.slice(0, _EXAMPLES).to_pylist(),
+        missing=missing,
+        missing_examples=missing_examples,
+        extra=extra,
+        extra_examples=extra_examples,
     )
