@@ -21,6 +21,13 @@ A step's limit is the time those would take for the work the step must do (e.g. 
 every byte + decode the ids). ``x limit`` is wall / limit (1.0 = at the limit). With several
 ``--items`` values each step's exponent is the slope of log(wall) against log(items).
 
+Training and prediction also run a model, which no reader removes: after those steps the trained
+checkpoint is timed alone on one batch already in memory (a training step: forward, loss,
+backward, Adam; a prediction: forward, softmax; ``model_rates``). ``model s`` is that arithmetic
+for the step's rows (each epoch's training steps and the evaluation forward; one forward per
+predicted item), and ``x (limit + model)`` is wall / (limit + model s): how far the step is from
+its data and its model together.
+
     .venv/bin/python bench/chain.py [--items 20000 ...] [--world-sizes 1 2] [--epochs 1]
 
 Results print as a table and go to ``bench/out/chain-<timestamp>.json``.
@@ -251,14 +258,71 @@ def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int)
         record = read_record(meta["record"])
         out.update(
             passes=record.passes,
+            epochs=epochs,
             holdout_accuracy=record.metrics.get("holdout_accuracy"),
             reconciled=record.reconciliation.ok,
+            **model_rates(Path(meta["checkpoint"]) / "model.pt", batch_size),
         )
+    if step == "prediction_table":
+        from pipeline.training.predict import BATCH_ROWS
+
+        ckpt = _latest_checkpoint(work / f"chain-ws{world}")
+        out.update(model_rates(ckpt, BATCH_ROWS["cpu"]))
     if step == "output_bundle":
         out["bytes_written"] = meta.get("bundle/bytes") or 0
     if step == "verified_snapshot":
         out["bytes_copied"] = meta.get("bytes_downloaded") or 0  # into the cache
     return out
+
+
+def model_rates(checkpoint: Path, batch_size: int, steps: int = 200) -> dict[str, float]:
+    """Rows per second of the trained model alone, on one batch already in memory: a training
+    step (forward, loss, backward, Adam) and a prediction (forward, softmax). The model's own
+    arithmetic, which no reader or pipeline can remove: what a step costs beyond its data."""
+    import torch
+
+    from pipeline.training.model import load_checkpoint
+
+    model, spec = load_checkpoint(checkpoint)
+    x = torch.randn(batch_size, spec.dim)
+    y = torch.randint(0, max(spec.outputs, 1), (batch_size,))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def train_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model.net(x)
+        loss = torch.nn.functional.cross_entropy(out, y) if spec.outputs > 1 else out.mean()
+        loss.backward()
+        opt.step()
+
+    def predict_step() -> None:
+        with torch.no_grad():
+            torch.softmax(model.net(x), dim=1).max(dim=1)
+
+    rates = {}
+    for name, fn in (
+        ("model_train_rows_per_s", train_step),
+        ("model_predict_rows_per_s", predict_step),
+    ):
+        for _ in range(10):  # warm up: allocator, kernels
+            fn()
+        best = math.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            best = min(best, time.perf_counter() - t)
+        rates[name] = steps * batch_size / best
+    return rates
+
+
+def _latest_checkpoint(artifacts_home: Path) -> Path:
+    """The checkpoint of the newest training run under a world size's artifacts."""
+    found = sorted(artifacts_home.glob("artifacts/training_run/*/checkpoint/model.pt"),
+                   key=lambda p: p.stat().st_mtime)  # fmt: skip
+    if not found:
+        raise SystemExit(f"no checkpoint under {artifacts_home}")
+    return found[-1]
 
 
 def _step_seconds(instance, run_id: str) -> dict[str, float]:
@@ -431,6 +495,18 @@ def limit_seconds(step: str, items: int, m: dict, lim: dict, input_bytes: int) -
     raise KeyError(step)
 
 
+def model_seconds(step: str, items: int, m: dict) -> float | None:
+    """The model's own arithmetic in a step, at the rates measured beside it (None where a step
+    runs no model): each epoch's training steps and the evaluation pass's forward for
+    ``training_run``, one forward per item for ``prediction_table``."""
+    if step == "training_run" and "model_train_rows_per_s" in m:
+        epochs = m.get("epochs", 1)
+        return epochs * items / m["model_train_rows_per_s"] + items / m["model_predict_rows_per_s"]
+    if step == "prediction_table" and "model_predict_rows_per_s" in m:
+        return items / m["model_predict_rows_per_s"]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chain at each size and world size, print the table, save the JSON."""
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
@@ -516,17 +592,19 @@ def print_table(results: dict) -> None:
     """The per-step table (markdown), then the limits and the exponents."""
     print(
         "| items | ws | step | wall s | limit s | x limit | hashed MB | rows decoded "
-        "| peak RSS MiB | peak anon MiB |"
+        "| peak RSS MiB | peak anon MiB | model s | x (limit + model) |"
     )
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for items, ws, step, m, lim_s in rows_for(results):
         wall = m.get("step_wall", m["wall"])
         ratio = f"{wall / lim_s:.2f}" if lim_s > 0 else "-"
         decoded = _rows_decoded(step, items, m)
+        model = model_seconds(step, items, m)
+        with_model = "-" if model is None else f"{model:.2f} | {wall / (lim_s + model):.2f}"
         print(
             f"| {items:,} | {ws} | {step} | {wall:.2f} | {lim_s:.2f} | {ratio} | "
             f"{m.get('hashed', 0) / 1e6:.0f} | {decoded:,} | {m['peak_rss_mib']:.0f} | "
-            f"{m['peak_anon_mib']:.0f} |"
+            f"{m['peak_anon_mib']:.0f} | {with_model if model is not None else '- | -'} |"
         )
     for run in results["runs"]:
         lim = run["steps"]["label"]["limits"]
