@@ -213,7 +213,7 @@ def host_waits(model, opt, sample: dict, spec: FeatureSpec, config, index: Index
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            x, y, w = step_tensors(sample, spec, config, index.id_field, index.is_result, device)
+            x, y, w = step_tensors(sample, spec, config, index, index.is_result, device)
             train_step(model, opt, x, y, w, sums, config)
         finally:
             torch.cuda.set_sync_debug_mode("default")
@@ -250,7 +250,7 @@ def train_epoch(
     t = time.perf_counter()
     for batch in loader:
         tally.update(batch)
-        x, y, w = step_tensors(batch, spec, config, index.id_field, index.is_result, device)
+        x, y, w = step_tensors(batch, spec, config, index, index.is_result, device)
         train_step(model, opt, x, y, w, sums, config)
         steps += 1
     sync(device)
@@ -275,7 +275,7 @@ def idle_check(
     step makes the host wait for the GPU."""
     model, opt = model_and_optimizer(spec, hidden, config, device)
     # the sample's masks are host work built once: the limit is the device's share of a step
-    _, y, w = step_tensors(sample, spec, config, index.id_field, index.is_result, device)
+    _, y, w = step_tensors(sample, spec, config, index, index.is_result, device)
     resident = to_device(sample, device)
     steps = len(loader)
     compute_seconds(model, opt, resident, y, w, spec, WARMUP_STEPS, config, device)

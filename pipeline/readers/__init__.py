@@ -29,9 +29,17 @@ from pipeline.readers.reconcile import (
 from pipeline.readers.resume import ResumeMismatch, merge_states
 from pipeline.readers.sampler import OwnerSampler
 from pipeline.readers.split import SplitPlan, plan_split
-from pipeline.readers.tensors import VALID_SUFFIX, Batch, UnreadableType, ValueOverflow, to_batch
+from pipeline.readers.tensors import (
+    POSITION_KEY,
+    VALID_SUFFIX,
+    Batch,
+    UnreadableType,
+    ValueOverflow,
+    to_batch,
+)
 
 __all__ = [
+    "POSITION_KEY",
     "VALID_SUFFIX",
     "Batch",
     "IdleOwnerWarning",

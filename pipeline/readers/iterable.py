@@ -27,7 +27,15 @@ from pipeline.readers.open_part import OpenPart, read_lanes
 from pipeline.readers.owner import Owner, agree_across_ranks, process_rank
 from pipeline.readers.reshard import Leg, iterable_pool, legs_from_state
 from pipeline.readers.sampler import is_count, state_count
-from pipeline.readers.tensors import Batch, Wire, check_readable, to_wire, wire_to_batch
+from pipeline.readers.tensors import (
+    POSITION_KEY,
+    Batch,
+    Wire,
+    check_readable,
+    to_wire,
+    wire_to_batch,
+    with_positions,
+)
 
 
 class IdleOwnerWarning(UserWarning):
@@ -338,7 +346,8 @@ class PartIterableDataset(IterableDataset):
             yield self._convert(pending)
 
     def _convert(self, table: pa.Table) -> Wire:
-        return to_wire(table, self.index.schema, self.columns)
+        wire = to_wire(table, self.index.schema, self.columns)
+        return with_positions(wire, table.column(POSITION_KEY))
 
     def _read(self, owner: Owner, start: int) -> Iterator[pa.Table]:
         """The owner's rows as tables, from row ``start`` of its stream on, as planned."""

@@ -26,7 +26,14 @@ from pipeline.readers import partcache
 from pipeline.readers.batches import Row
 from pipeline.readers.index import Index, as_index
 from pipeline.readers.partcache import SharedParts
-from pipeline.readers.tensors import Batch, Wire, check_readable, to_wire, wire_to_batch
+from pipeline.readers.tensors import (
+    Batch,
+    Wire,
+    check_readable,
+    to_wire,
+    wire_to_batch,
+    with_positions,
+)
 
 #: Result columns with a handful of distinct values by design: read dictionary-encoded (as
 #: Parquet stores them), so decoding, taking and shipping them costs a small code per row, and
@@ -189,7 +196,8 @@ class MapDataset(Dataset):
 
     def take_wire(self, indices: Sequence[int]) -> Wire:
         """The batch ``__getitems__`` returns, in its wire form (what a worker sends)."""
-        return to_wire(self.take(indices), self.index.schema, self.columns)
+        wire = to_wire(self.take(indices), self.index.schema, self.columns)
+        return with_positions(wire, np.asarray(indices, dtype=np.int64))
 
     def __getitem__(self, i: int) -> Row:
         """One row as a sample (tensors without the batch dimension, strings as ``str``).

@@ -13,6 +13,7 @@ from pipeline.bundle.errors import RowCountMismatch
 from pipeline.readers import mix
 from pipeline.readers.index import Index
 from pipeline.readers.stream import Segment, Unit
+from pipeline.readers.tensors import POSITION_KEY
 
 
 class OpenPart:
@@ -44,16 +45,23 @@ class OpenPart:
 
     def segment(self, seg: Segment, columns: Sequence[str], batch_size: int) -> Iterator[pa.Table]:
         """A segment's rows as tables, in its order: a whole part a record batch at a time, or
-        its row group decoded once and taken in the permuted order."""
+        its row group decoded once and taken in the permuted order. Each table carries its rows'
+        index positions as a last column, :data:`~pipeline.readers.tensors.POSITION_KEY`, which
+        slicing, concatenating and interleaving keep beside the rows they describe."""
         pf = self.open(seg.part)
+        order = seg.order()
+        path = self._index.manifest.parts[seg.part].path
+        positions = order + (int(self._index.part_offsets[seg.part]) + seg.first)
         if seg.group is not None:
-            yield pf.read_row_group(seg.group, columns=columns).take(seg.order())
+            group = pf.read_row_group(seg.group, columns=columns)
+            yield _positioned(group.take(order), positions, path)
             return
         skip, first = seg.skip, 0
         while skip and skip >= pf.metadata.row_group(first).num_rows:  # unread row groups
             skip -= pf.metadata.row_group(first).num_rows
             first += 1
         groups = list(range(first, pf.num_row_groups))
+        done = 0
         for rb in pf.iter_batches(
             batch_size=max(batch_size, 8192), row_groups=groups, columns=columns
         ):
@@ -61,8 +69,19 @@ class OpenPart:
                 skip -= rb.num_rows
                 continue
             table = pa.Table.from_batches([rb])
-            yield table.slice(skip) if skip else table
+            table = table.slice(skip) if skip else table
             skip = 0
+            yield _positioned(table, positions[done : done + table.num_rows], path)
+            done += table.num_rows
+
+
+def _positioned(table: pa.Table, positions: np.ndarray, path: str) -> pa.Table:
+    if len(positions) != table.num_rows:  # the plan and the file disagree: never mislabel rows
+        raise RowCountMismatch(
+            f"a stream segment holds {table.num_rows} rows where its plan names {len(positions)}",
+            path=path,
+        )
+    return table.append_column(POSITION_KEY, pa.array(positions, pa.int64()))
 
 
 def read_lanes(

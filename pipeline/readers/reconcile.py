@@ -4,7 +4,11 @@ Each owner (a rank's main process, typically) keeps a :class:`Tally` of every ba
 :func:`reconcile` checks that the owners' counts sum to the manifest's items and its
 accepted/failed/abstained counts and that no id was seen twice, and returns a
 :class:`ReconcileReport`. A mismatch raises :class:`ReconcileError` naming the shortfall.
-Ids stay Arrow arrays throughout, so millions of them cost megabytes, not a Python set.
+
+A reader's batch names each row's index position (``POSITION_KEY``), so a tally keeps positions,
+eight bytes a row with no string copied, and reconciliation counts them per position; a batch
+without positions (one built by hand) is tallied by its ids, kept as Arrow arrays, so millions
+of them cost megabytes, not a Python set.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import torch
 import torch.distributed as dist
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.ids import absent, duplicates, id_hashes
 from pipeline.bundle.manifest import Manifest
+from pipeline.readers.tensors import POSITION_KEY
 
 _EXAMPLES = 5
 
@@ -34,32 +41,52 @@ class ReconcileError(BundleError):
 
 @dataclass
 class OwnerCounts:
-    """What one owner yielded: rows by status and the ids seen (as Arrow string chunks)."""
+    """What one owner yielded: rows by status, and the rows seen as index positions (what a
+    reader's batches name) or, for batches without them, as ids (Arrow string chunks)."""
 
     by_status: dict[str, int] = field(default_factory=dict)
     id_chunks: list[pa.Array] = field(default_factory=list)
     label: str = ""
+    position_chunks: list[np.ndarray] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        """Rows yielded (the ids counted)."""
-        return sum(len(c) for c in self.id_chunks)
+        """Rows yielded (the ids and positions counted)."""
+        return sum(len(c) for c in self.id_chunks) + sum(len(c) for c in self.position_chunks)
 
     def ids(self) -> pa.ChunkedArray:
-        """Every id yielded, in order, as one chunked string array."""
+        """Every id tallied as a string, in order, as one chunked string array."""
         return pa.chunked_array(self.id_chunks, type=pa.string())
 
-    def __reduce__(self) -> tuple[Any, ...]:  # ids as one compact array for all_gather_object
-        ids = self.ids().combine_chunks() if self.id_chunks else pa.array([], pa.string())
-        return (OwnerCounts, (dict(self.by_status), [ids], self.label))
+    def positions(self) -> np.ndarray:
+        """Every index position tallied, in order, as one ``int64`` array."""
+        if not self.position_chunks:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate(self.position_chunks).astype(np.int64, copy=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # one compact array each for all_gather_object
+        ids = [self.ids().combine_chunks()] if self.id_chunks else []
+        positions = [self.positions()] if self.position_chunks else []
+        return (OwnerCounts, (dict(self.by_status), ids, self.label, positions))
 
 
 class Tally:
-    """Count batches as they are yielded; call :meth:`update` before filtering a batch."""
+    """Count batches as they are yielded; call :meth:`update` before filtering a batch.
 
-    def __init__(self, id_field: str, *, label: str = "") -> None:
+    With ``index_ids`` (the index's ids), each batch's first and last positions are checked
+    against the ids it holds, so a reader naming the wrong rows fails at that batch.
+    """
+
+    def __init__(
+        self,
+        id_field: str,
+        *,
+        label: str = "",
+        index_ids: pa.Array | pa.ChunkedArray | None = None,
+    ) -> None:
         self.id_field = id_field
         self.counts = OwnerCounts(label=label)
+        self._index_ids = index_ids
 
     def update(self, batch: dict) -> None:
         """Add one dict batch: its ids and, for result bundles, its ``lithi_status`` values."""
@@ -70,7 +97,14 @@ class Tally:
                 f"batch[{self.id_field!r}] is one {type(ids).__name__} ({ids!r:.40}), not a list "
                 "of ids: this is a per-row sample, not a batch; collate rows with collate_batches"
             )
-        self.counts.id_chunks.append(pa.array(ids, type=pa.string()))
+        positions = batch.get(POSITION_KEY)
+        if positions is None:
+            self.counts.id_chunks.append(pa.array(ids, type=pa.string()))
+        else:
+            pos = _positions(positions, len(ids))
+            if self._index_ids is not None and len(pos):
+                self._check_named(ids, pos)
+            self.counts.position_chunks.append(pos)
         status = batch.get(fmt.STATUS_COLUMN)
         if status is not None:
             found, unknown = fmt.count_statuses(pa.array(status, type=pa.string()))
@@ -78,6 +112,30 @@ class Tally:
                 if n:
                     key = str(value)
                     self.counts.by_status[key] = self.counts.by_status.get(key, 0) + n
+
+    def _check_named(self, ids: Any, pos: np.ndarray) -> None:
+        assert self._index_ids is not None
+        n = len(self._index_ids)
+        for i in (0, len(pos) - 1):
+            p = int(pos[i])
+            held = self._index_ids[p].as_py() if 0 <= p < n else None
+            if held != ids[i]:
+                raise ValueError(
+                    f"a batch names index position {p} for id {ids[i]!r}, where the index holds "
+                    f"{held!r}: the reader's positions do not match its rows"
+                )
+
+
+def _positions(value: Any, rows: int) -> np.ndarray:
+    """A batch's positions as an ``int64`` array of their own (never a view that would keep a
+    whole worker message alive), checked to name one position per row."""
+    arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if arr.ndim != 1 or len(arr) != rows:
+        raise ValueError(
+            f"batch[{POSITION_KEY!r}] holds {arr.shape} positions for {rows} rows; "
+            "one position per row"
+        )
+    return np.array(arr, dtype=np.int64, copy=True)
 
 
 @dataclass(frozen=True)
@@ -146,8 +204,6 @@ def reconcile(
     """
     if not isinstance(manifest, Manifest):
         raise TypeError(f"reconcile needs a Manifest, found {type(manifest).__name__}")
-    chunks = [c for oc in counts for c in oc.id_chunks]
-    seen = pa.chunked_array(chunks, type=pa.string())
     found_status: dict[str, int] = {}
     for oc in counts:
         for s, n in oc.by_status.items():
@@ -157,16 +213,15 @@ def reconcile(
     if result:
         for s in fmt.STATUSES:
             found_status.setdefault(s, 0)
-    # hashed once, for the duplicates and the missing; never a hash table of the strings
-    found = id_hashes(chunks)
-    dups, dup_examples = duplicates([seen], limit=_EXAMPLES, hashes=[found])
-    missing: int | None = None
-    missing_examples: list[str] = []
-    if ids is not None:
-        missing, missing_examples = absent(ids, chunks, _EXAMPLES, found_hashes=found)
+    if any(oc.id_chunks for oc in counts) or not any(oc.position_chunks for oc in counts):
+        iterated, dups, dup_examples, missing, missing_examples = _by_ids(counts, ids)
+    else:
+        iterated, dups, dup_examples, missing, missing_examples = _by_positions(
+            counts, manifest.counts.items, ids
+        )
     report = ReconcileReport(
         items_expected=manifest.counts.items,
-        items_iterated=len(seen),
+        items_iterated=iterated,
         by_status_expected=expected_status,
         by_status_found=found_status,
         outstanding=manifest.counts.outstanding or 0,
@@ -183,6 +238,50 @@ def reconcile(
             report,
         )
     return report
+
+
+_Found = tuple[int, int, list[str], "int | None", list[str]]
+
+
+def _by_ids(counts: Sequence[OwnerCounts], ids: pa.Array | pa.ChunkedArray | None) -> _Found:
+    """Rows, duplicated ids and missing ids, from tallied ids (positions are named by ``ids``)."""
+    chunks = [c for oc in counts for c in oc.id_chunks]
+    if any(oc.position_chunks for oc in counts):
+        if ids is None:
+            raise ValueError("owners tallied index positions: reconcile needs the index's ids")
+        chunks += [ids.take(pa.array(oc.positions())) for oc in counts if oc.position_chunks]
+        chunks = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in chunks]
+    seen = pa.chunked_array(chunks, type=pa.string())
+    # hashed once, for the duplicates and the missing; never a hash table of the strings
+    found = id_hashes(chunks)
+    dups, dup_examples = duplicates([seen], limit=_EXAMPLES, hashes=[found])
+    missing: int | None = None
+    missing_examples: list[str] = []
+    if ids is not None:
+        missing, missing_examples = absent(ids, chunks, _EXAMPLES, found_hashes=found)
+    return len(seen), dups, dup_examples, missing, missing_examples
+
+
+def _by_positions(
+    counts: Sequence[OwnerCounts], items: int, ids: pa.Array | pa.ChunkedArray | None
+) -> _Found:
+    """Rows, duplicated and missing items, from tallied index positions: a count per position.
+
+    A position outside the index names no item; it is a row iterated that no count of an
+    item holds, so the totals show it.
+    """
+    pos = np.concatenate([oc.positions() for oc in counts])
+    inside = pos[(pos >= 0) & (pos < items)]
+    per_item = np.bincount(inside, minlength=items)
+    twice = np.flatnonzero(per_item > 1)
+    never = np.flatnonzero(per_item == 0)
+
+    def named(where: np.ndarray) -> list[str]:
+        if ids is None:
+            return [f"index position {int(p)}" for p in where[:_EXAMPLES]]
+        return sorted(ids.take(pa.array(where[:_EXAMPLES])).to_pylist())
+
+    return len(pos), len(twice), named(twice), len(never), named(never)
 
 
 def reconcile_distributed(

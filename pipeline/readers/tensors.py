@@ -27,6 +27,11 @@ from pipeline.bundle.manifest import Schema, SchemaField
 
 Batch = dict[str, "torch.Tensor | list"]
 
+#: The key under which every batch a reader yields carries each row's place in the index (an
+#: ``int64`` tensor): what hold-out membership and the pipeline's tally of a pass look rows up
+#: by, so neither hashes nor copies an id per row. No declared column may take this name.
+POSITION_KEY = "__position"
+
 _TORCH = {
     "bool": torch.bool,
     "int8": torch.int8,
@@ -68,6 +73,11 @@ def check_readable(schema: Schema, columns: Iterable[str]) -> None:
     of an epoch (``tests/readers/test_every_v1_type.py`` checks every type passes).
     """
     for name in columns:
+        if name == POSITION_KEY:
+            raise UnreadableType(
+                f"column {name!r}: the readers put each row's index position under this key; "
+                "rename the column"
+            )
         f = schema.field(name)
         try:
             element: str | None = f.element
@@ -220,6 +230,14 @@ def _finish(value: object) -> torch.Tensor | list[Any]:
         flat = _from_numpy(value.values)
         return list(torch.split(flat, value.lengths.tolist())) if len(value.lengths) else []
     return cast(pa.Array, value).to_pylist()  # the rest are Arrow arrays (see Wire)
+
+
+def with_positions(wire: Wire, positions: np.ndarray | pa.Array | pa.ChunkedArray) -> Wire:
+    """``wire`` with each row's index position under :data:`POSITION_KEY` (``int64``)."""
+    if not isinstance(positions, np.ndarray):
+        positions = positions.to_numpy()
+    wire[POSITION_KEY] = np.ascontiguousarray(positions, dtype=np.int64)
+    return wire
 
 
 def wire_to_batch(wire: dict[str, object]) -> Batch:

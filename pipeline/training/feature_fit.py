@@ -19,11 +19,13 @@ import torch.distributed as dist
 
 from pipeline.bundle.manifest import SchemaField
 from pipeline.readers.batches import accepted_mask
+from pipeline.readers.index import Index
 from pipeline.training.columns import CATEGORY, Task, number_shape, why_not_a_feature
 from pipeline.training.features import (
     FeatureColumn,
     FeatureSpec,
     as_bools,
+    batch_holdout,
     category_values,
     holdout_mask,
     labels,
@@ -101,13 +103,15 @@ def fit_features(
     holdout_percent: int = 0,
     one_hot_max: int = 16,
     max_categories: int = 10_000,
+    index: Index | None = None,
 ) -> FittedFeatures:
     """Fit normalisation, classes and vocabularies in one pass over ``batches`` (this rank's
     share), counting the missing values it meets.
 
     Normalisation and missing values are taken over the rows used for fitting (accepted ones
     in a result bundle); a string feature's vocabulary over the training split alone (those
-    rows but the ones held out by id, ``id_field`` and ``holdout_percent``), so a value only a
+    rows but the ones held out by id, ``id_field`` and ``holdout_percent``; with the batches'
+    ``index``, looked up by position), so a value only a
     held-out row has is unseen, as it would be in new data. A vocabulary of at most
     ``one_hot_max`` values is one-hot encoded, a larger one embedded; it keeps at most
     ``max_categories`` values (:func:`vocabulary`).
@@ -128,7 +132,9 @@ def fit_features(
         rows = _fit_rows(batch, has_status)
         incomplete = torch.zeros_like(rows)
         training = rows
-        if seen and id_field is not None and holdout_percent:
+        if seen and index is not None and holdout_percent:
+            training = rows & ~batch_holdout(batch, index, holdout_percent)
+        elif seen and id_field is not None and holdout_percent:
             training = rows & ~holdout_mask(batch[id_field], holdout_percent)
         start = 0
         for i, col in enumerate(columns):

@@ -16,6 +16,7 @@ feature (``docs/reference-trainer.md``).
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -27,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 from torch import nn
 
 from pipeline.bundle.ids import hash64
-from pipeline.readers.tensors import VALID_SUFFIX
+from pipeline.readers.index import Index
+from pipeline.readers.tensors import POSITION_KEY, VALID_SUFFIX
 from pipeline.training.columns import Task
 from pipeline.training.trainer import TrainerError
 
@@ -287,3 +289,27 @@ def holdout_flags(ids: pa.Array, percent: int) -> np.ndarray:
     if percent == 0 or len(ids) == 0:
         return np.zeros(len(ids), dtype=np.bool_)
     return (hash64(ids) % np.uint64(100)).astype(np.int64) < percent
+
+
+#: each live index's hold-out flags, per percent: computed once, dropped with the index
+_BY_INDEX: weakref.WeakKeyDictionary[Index, dict[int, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def index_holdout(index: Index, percent: int) -> np.ndarray:
+    """Every item of ``index`` held out or not, by index position: the rule of
+    :func:`holdout_mask`, hashed once over the index's ids and then kept beside the index."""
+    per = _BY_INDEX.setdefault(index, {})
+    if percent not in per:
+        per[percent] = holdout_flags(index.ids, percent)
+    return per[percent]
+
+
+def batch_holdout(batch: dict, index: Index, percent: int) -> torch.Tensor:
+    """Which rows of a batch are held out (a ``[B]`` mask on the host): looked up by the rows'
+    index positions (:data:`~pipeline.readers.tensors.POSITION_KEY`), which every reader's
+    batch carries; hashed from the ids for a batch without them. Both give the same rows."""
+    positions = batch.get(POSITION_KEY)
+    if positions is None or percent == 0:
+        return holdout_mask(batch[index.id_field], percent)
+    pos = positions.numpy() if isinstance(positions, torch.Tensor) else np.asarray(positions)
+    return torch.from_numpy(index_holdout(index, percent)[pos])

@@ -24,13 +24,14 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline.readers.batches import accepted_mask, confidence_weights
+from pipeline.readers.index import Index
 from pipeline.training.columns import Task
 from pipeline.training.device import cpu_state_dict, tensor_to, to_device
 from pipeline.training.feature_fit import FittedFeatures, fit_features
 from pipeline.training.features import (
     FeatureSpec,
+    batch_holdout,
     class_targets,
-    holdout_mask,
     incomplete_rows,
     regression_targets,
     to_features,
@@ -73,18 +74,19 @@ def step_tensors(
     batch: dict,
     spec: FeatureSpec,
     config: ReferenceConfig,
-    id_field: str,
+    index: Index,
     has_status: bool,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch's features, targets and row weights on ``device`` (weight 0: not trained on).
 
-    Masks made from strings (ids, statuses, string labels) are built on the host and copied;
-    the numeric columns are copied first and computed on the device.
+    Masks made from strings (statuses, string labels) and the hold-out (looked up by the rows'
+    index positions) are built on the host and copied; the numeric columns are copied first
+    and computed on the device.
     """
+    held_out = tensor_to(batch_holdout(batch, index, config.holdout_percent), device)
     batch = to_device(batch, device)
     y, has_y = _targets(batch, spec)
-    held_out = tensor_to(holdout_mask(batch[id_field], config.holdout_percent), device)
     keep = tensor_to(has_y, device) & ~held_out
     if config.accepted_only and has_status:
         keep &= tensor_to(accepted_mask(batch), device)
@@ -161,6 +163,7 @@ def fit_reference(ctx: FitContext) -> FitResult:
             holdout_percent=config.holdout_percent,
             one_hot_max=config.one_hot_max,
             max_categories=config.max_categories,
+            index=index,
         )
         _refuse_missing(fitted, config)
         if ctx.rank == 0:
@@ -219,7 +222,7 @@ def fit_reference(ctx: FitContext) -> FitResult:
         join = contextlib.nullcontext() if ddp is None else torch.distributed.algorithms.Join([ddp])
         with join:
             for batch in loader:
-                x, y, w = step_tensors(batch, spec, config, index.id_field, has_status, device)
+                x, y, w = step_tensors(batch, spec, config, index, has_status, device)
                 train_step(net, opt, x, y, w, sums, config)
                 done += 1
                 if done > common:  # this rank steps on alone (the others joined): no cut
@@ -318,12 +321,12 @@ def evaluate_model(
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:
+        hold = tensor_to(batch_holdout(batch, index, config.holdout_percent), device)
         batch = to_device(batch, device)
         y, has_y = _targets(batch, spec)
         y, ok = tensor_to(y, device), tensor_to(has_y, device)
         if index.is_result:
             ok = ok & tensor_to(accepted_mask(batch), device)
-        hold = tensor_to(holdout_mask(batch[index.id_field], config.holdout_percent), device)
         if config.missing != "fill":  # a row it would not train on is not scored either
             ok = ok & ~incomplete_rows(batch, spec, device=device)
         logits = model(to_features(batch, spec, device=device)).float()

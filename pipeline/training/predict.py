@@ -32,7 +32,7 @@ from pipeline.training.features import (
     FeatureColumn,
     FeatureSpec,
     ValueCounts,
-    holdout_flags,
+    batch_holdout,
     incomplete_rows,
     to_features,
 )
@@ -102,6 +102,8 @@ def _batches(
     digest = pa.array([ctx.checkpoint_sha256], pa.string())
     no_digest_index = np.zeros(batch_size, dtype=np.int8)
     for batch in loader:
+        # the split made visible: a baseline can be scored on the same held-out rows
+        held = batch_holdout(batch, index, ctx.config.holdout_percent).numpy()
         batch = to_device(batch, device)
         out = model(to_features(batch, spec, device=device, counts=counts))
         rows = out.shape[0]
@@ -119,8 +121,7 @@ def _batches(
             columns.append(pa.array(value.cpu().numpy(), pa.float64(), mask=mask))
         if index.is_result:
             columns.append(pa.array(batch[fmt.STATUS_COLUMN], pa.string()))
-        # the split made visible: a baseline can be scored on the same held-out rows
-        columns.append(pa.array(holdout_flags(ids, ctx.config.holdout_percent), pa.bool_()))
+        columns.append(pa.array(held, pa.bool_()))
         zeros = no_digest_index[:rows] if rows <= batch_size else np.zeros(rows, np.int8)
         columns.append(pa.DictionaryArray.from_arrays(pa.array(zeros), digest))
         yield pa.RecordBatch.from_arrays(columns, schema=schema)

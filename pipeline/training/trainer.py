@@ -133,7 +133,7 @@ class TalliedLoader:
 
     def __iter__(self) -> Iterator[dict]:
         resumed, self._resume = self._resume, None
-        tally = resumed or Tally(self._index.id_field, label=self._label)
+        tally = resumed or self._new_tally()
         self._tally = tally
         if resumed is None:
             self._log.started += 1
@@ -145,6 +145,9 @@ class TalliedLoader:
         self._log.last = tally.counts
         if resumed is not None:
             self._log.resumed = tally.counts
+
+    def _new_tally(self) -> Tally:
+        return Tally(self._index.id_field, label=self._label, index_ids=self._index.ids)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this pass stands: the loader's state and the statuses counted so far.
@@ -162,14 +165,13 @@ class TalliedLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next pass yields the rest of the saved one.
 
-        The ids delivered before the cut are the index's ids at the loader's delivered
-        positions (computed from the state, nothing read), so the resumed pass reconciles as
-        one whole pass: none twice, none lost.
+        The rows delivered before the cut are the loader's delivered positions (computed from
+        the state, nothing read), so the resumed pass reconciles as one whole pass: none twice,
+        none lost.
         """
         self.loader.load_state_dict(state["loader"])
-        tally = Tally(self._index.id_field, label=self._label)
-        positions = self.loader.delivered_positions()
-        tally.counts.id_chunks.append(self._index.ids.take(pa.array(positions, pa.int64())))
+        tally = self._new_tally()
+        tally.counts.position_chunks.append(self.loader.delivered_positions())
         tally.counts.by_status.update({str(k): int(v) for k, v in state["by_status"].items()})
         self._resume = tally
         passes = state.get("passes", {})

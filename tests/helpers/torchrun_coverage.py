@@ -27,14 +27,17 @@ from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import Tally, reconcile_distributed
 
 
-def train_epoch(loader, index, ddp, opt, *, join: bool) -> tuple[Tally, int]:
-    tally = Tally(index.id_field, label=f"rank{dist.get_rank()}")
+def train_epoch(loader, index, ddp, opt, *, join: bool) -> tuple[Tally, list[str], int]:
+    """One epoch of DDP steps: the tally, the ids the batches held, and the steps taken."""
+    tally = Tally(index.id_field, label=f"rank{dist.get_rank()}", index_ids=index.ids)
+    ids: list[str] = []
     steps = 0
 
     def loop() -> None:
         nonlocal steps
         for batch in loader:
             tally.update(batch)
+            ids.extend(batch[index.id_field])
             loss = torch.nn.functional.mse_loss(
                 ddp(batch["x"]).squeeze(1), batch["label"].to(torch.float32)
             )
@@ -48,7 +51,7 @@ def train_epoch(loader, index, ddp, opt, *, join: bool) -> tuple[Tally, int]:
             loop()
     else:
         loop()
-    return tally, steps
+    return tally, ids, steps
 
 
 def main() -> None:
@@ -73,10 +76,8 @@ def main() -> None:
             index, style=style, batch_size=batch_size, num_workers=2, seed=7, shuffle=True
         )
         set_epoch(loader, 1)
-        tally, steps = train_epoch(loader, index, ddp, opt, join=not args.no_join)
-        (out / f"{style}-rank{rank}.txt").write_text(
-            "".join(f"{i}\n" for i in tally.counts.ids().to_pylist())
-        )
+        tally, ids, steps = train_epoch(loader, index, ddp, opt, join=not args.no_join)
+        (out / f"{style}-rank{rank}.txt").write_text("".join(f"{i}\n" for i in ids))
         report = reconcile_distributed(index.manifest, tally.counts, ids=index.ids)
         summary[style] = {"steps": steps, "report": report.as_dict()}
     summary["weight"] = ddp.module.weight.detach().flatten().tolist()

@@ -21,7 +21,7 @@ from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Schema, SchemaField
 from pipeline.bundle.stage import stage
 from pipeline.readers import Index, MapDataset, UnreadableType, collate_batches, make_loader
-from pipeline.readers.tensors import check_readable
+from pipeline.readers.tensors import POSITION_KEY, check_readable
 from tests.readers.test_tensors import expected_dtype
 
 UTC = dt.UTC
@@ -134,7 +134,7 @@ def _plain(v: Any) -> Any:
 
 
 def _expected_keys() -> set[str]:
-    keys = {"item_id"}
+    keys = {"item_id", POSITION_KEY}
     for name, (type_name, nullable, _) in COLUMNS.items():
         keys.add(name)
         parsed = fmt.parse_type(type_name)
@@ -147,6 +147,7 @@ def _check_batch_form(batch: dict[str, Any]) -> None:
     """Keys from the schema alone; tensors of the documented dtype and shape; lists as lists."""
     assert set(batch) == _expected_keys()
     n = len(batch["item_id"])
+    assert batch[POSITION_KEY].dtype == torch.int64 and batch[POSITION_KEY].shape == (n,)
     for name, (type_name, _, _) in COLUMNS.items():
         parsed, value = fmt.parse_type(type_name), batch[name]
         want = None if parsed.element in PYTHON else expected_dtype(parsed.element)
@@ -171,7 +172,9 @@ def _rows(batches: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         _check_batch_form(batch)
         for i, item in enumerate(batch["item_id"]):
             assert item not in rows, f"{item} delivered twice"
-            rows[item] = {k: _plain(v[i]) for k, v in batch.items() if k != "item_id"}
+            rows[item] = {
+                k: _plain(v[i]) for k, v in batch.items() if k not in ("item_id", POSITION_KEY)
+            }
     return rows
 
 

@@ -9,6 +9,7 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +19,7 @@ import pipeline.readers.map_style as map_style
 from pipeline.bundle import format as fmt
 from pipeline.readers import Index, MapDataset, make_loader, partcache, set_epoch
 from pipeline.readers.partcache import PREFIX, SharedPartMismatch, SharedParts, sweep_stale
-from pipeline.readers.tensors import to_batch
+from pipeline.readers.tensors import POSITION_KEY, to_batch
 from tests.helpers.bundles import make_bundle, result_table, row_groups_of, stage_result
 from tests.helpers.readers import (
     UNEVEN_SIZES,
@@ -89,6 +90,13 @@ def grouped(tmp_path_factory) -> Index:
     return Index.from_snapshot(snap)
 
 
+def _plain_batch(plain: pa.Table, positions, schema) -> dict:
+    """The batch a reader yields for ``positions``, built from a plain read of every part."""
+    want = to_batch(plain.take(positions), schema)
+    want[POSITION_KEY] = torch.as_tensor(np.asarray(positions, dtype=np.int64))
+    return want
+
+
 def _assert_rows_equal(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for k, v in want.items():
@@ -122,7 +130,7 @@ def test_every_column_across_row_groups_equals_a_plain_read(
         order = loader.sampler.positions()
         done = 0
         for batch in loader:
-            want = to_batch(plain.take(order[done : done + 50]), grouped.schema)
+            want = _plain_batch(plain, order[done : done + 50], grouped.schema)
             _assert_rows_equal(batch, want)
             done += 50
         assert done >= len(grouped)
@@ -152,7 +160,7 @@ def test_result_columns_read_dictionary_encoded_equal_a_plain_read(tmp_path):
         )
         order = loader.sampler.positions()
         for k, batch in enumerate(loader):
-            want = to_batch(plain.take(order[64 * k : 64 * (k + 1)]), index.schema)
+            want = _plain_batch(plain, order[64 * k : 64 * (k + 1)], index.schema)
             _assert_rows_equal(batch, want)
     streamed = [
         x

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch.distributed as dist
 from torch.utils.data import BatchSampler
 
 from pipeline.bundle.errors import BundleError
-from pipeline.readers import MapDataset, OwnerSampler, accepted_only
+from pipeline.readers import POSITION_KEY, MapDataset, OwnerSampler, accepted_only
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import (
     OwnerCounts,
@@ -30,7 +31,10 @@ def index(tmp_path_factory) -> Index:
     return Index.from_snapshot(make_bundle(tmp_path_factory.mktemp("rc"), SIZES))
 
 
-def _tallies(index, world, positions_fn=None) -> list[OwnerCounts]:
+BY = ["positions", "ids"]  # a reader's batches; batches built by hand, without positions
+
+
+def _tallies(index, world, positions_fn=None, by="positions") -> list[OwnerCounts]:
     ds = MapDataset(index)
     out = []
     for r in range(world):
@@ -38,14 +42,21 @@ def _tallies(index, world, positions_fn=None) -> list[OwnerCounts]:
         sampler = OwnerSampler(index, rank=r, world_size=world, seed=1)
         for b in BatchSampler(sampler, 4, drop_last=False):
             batch = ds.__getitems__(positions_fn(b) if positions_fn else b)
+            if by == "ids":
+                del batch[POSITION_KEY]
             tally.update(batch)
             accepted_only(batch)  # filtering after counting leaves the tally whole
         out.append(tally.counts)
     return out
 
 
-def test_complete_iteration_reconciles(index):
-    report = reconcile(index.manifest, _tallies(index, 3), ids=index.ids)
+@pytest.mark.parametrize("by", BY)
+def test_complete_iteration_reconciles(index, by):
+    counts = _tallies(index, 3, by=by)
+    assert sum(c.rows for c in counts) == 20
+    assert all(bool(c.position_chunks) == (by == "positions") for c in counts)
+    assert all(bool(c.id_chunks) == (by == "ids") for c in counts)
+    report = reconcile(index.manifest, counts, ids=index.ids)
     assert report.ok and report.problems() == []
     assert report.items_expected == report.items_iterated == 20
     assert report.by_status_found == report.by_status_expected == index.manifest.counts.by_status
@@ -54,23 +65,58 @@ def test_complete_iteration_reconciles(index):
     assert report.as_dict()["ok"] is True
 
 
-def test_a_duplicate_is_an_error_naming_it(index):
-    counts = _tallies(index, 2)
+@pytest.mark.parametrize("by", BY)
+def test_a_duplicate_is_an_error_naming_it(index, by):
+    counts = _tallies(index, 2, by=by)
     # rank 1 also yields rank 0's first chunk again
-    counts[1] = OwnerCounts(counts[1].by_status, [*counts[1].id_chunks, counts[0].id_chunks[0]])
+    if by == "ids":
+        again = counts[0].id_chunks[0]
+        counts[1] = OwnerCounts(counts[1].by_status, [*counts[1].id_chunks, again])
+        named = again.to_pylist()
+    else:
+        again = counts[0].position_chunks[0]
+        counts[1].position_chunks.append(again)
+        named = index.ids.take(pa.array(again)).to_pylist()
     with pytest.raises(ReconcileError, match="more than once") as e:
-        reconcile(index.manifest, counts)
+        reconcile(index.manifest, counts, ids=index.ids)
     assert isinstance(e.value, BundleError)
     assert e.value.report.duplicates == 4 and "over by 4" in str(e.value)
+    assert e.value.report.duplicate_examples == sorted(named)
 
 
-def test_a_missing_rank_is_a_shortfall(index):
-    counts = _tallies(index, 2)[:1]
+@pytest.mark.parametrize("by", BY)
+def test_a_missing_rank_is_a_shortfall(index, by):
+    counts = _tallies(index, 2, by=by)[:1]
     with pytest.raises(ReconcileError, match="short by 10") as e:
         reconcile(index.manifest, counts, ids=index.ids)
-    assert e.value.report.missing == 10 and len(e.value.report.missing_examples) == 5
+    report = e.value.report
+    assert report.missing == 10 and len(report.missing_examples) == 5
+    assert set(report.missing_examples) <= set(index.ids.to_pylist())
     report = reconcile(index.manifest, counts, raise_on_mismatch=False)
-    assert not report.ok and report.missing is None
+    # without the index's ids: positions still count the missing, ids alone cannot
+    assert not report.ok and report.missing == (10 if by == "positions" else None)
+
+
+def test_a_position_outside_the_index_is_a_row_too_many(index):
+    counts = _tallies(index, 1)
+    counts[0].position_chunks.append(np.array([20], dtype=np.int64))
+    with pytest.raises(ReconcileError, match="over by 1"):
+        reconcile(index.manifest, counts, ids=index.ids)
+
+
+def test_owners_tallied_by_ids_and_by_positions_reconcile_together(index):
+    counts = [*_tallies(index, 2, by="ids")[:1], *_tallies(index, 2)[1:]]
+    assert reconcile(index.manifest, counts, ids=index.ids).ok
+    with pytest.raises(ValueError, match="needs the index's ids"):
+        reconcile(index.manifest, counts)
+
+
+def test_a_batch_whose_positions_name_other_rows_is_refused(index):
+    batch = MapDataset(index).__getitems__([3, 4, 5])
+    batch[POSITION_KEY] = batch[POSITION_KEY] + 1
+    Tally(index.id_field).update(dict(batch))  # without the index's ids nothing is checked
+    with pytest.raises(ValueError, match="index position 4 for id"):
+        Tally(index.id_field, index_ids=index.ids).update(batch)
 
 
 def test_status_counts_must_match_too(index):
@@ -81,19 +127,23 @@ def test_status_counts_must_match_too(index):
         reconcile(index.manifest, counts)
 
 
-def test_swapped_ids_with_right_totals_are_caught(index):
+@pytest.mark.parametrize("by", BY)
+def test_swapped_ids_with_right_totals_are_caught(index, by):
     # the same position twice and one never: totals match, ids do not
-    counts = _tallies(index, 1, positions_fn=lambda b: [b[0]] * len(b))
+    counts = _tallies(index, 1, positions_fn=lambda b: [b[0]] * len(b), by=by)
     with pytest.raises(ReconcileError, match="more than once"):
         reconcile(index.manifest, counts)
 
 
-def test_owner_counts_pickle_compactly(index):
-    counts = _tallies(index, 2)
+@pytest.mark.parametrize("by", BY)
+def test_owner_counts_pickle_compactly(index, by):
+    counts = _tallies(index, 2, by=by)
     back = pickle.loads(pickle.dumps(counts[0]))
     assert back.ids().to_pylist() == counts[0].ids().to_pylist()
-    assert len(back.id_chunks) == 1 and back.by_status == counts[0].by_status
-    assert back.ids().type == pa.string() and back.rows == counts[0].rows
+    assert np.array_equal(back.positions(), counts[0].positions())
+    assert len(back.id_chunks) == (by == "ids") and back.by_status == counts[0].by_status
+    assert len(back.position_chunks) == (by == "positions")
+    assert back.ids().type == pa.string() and back.rows == counts[0].rows == 10
 
 
 def test_reconcile_distributed_single_rank_group(index, tmp_path):

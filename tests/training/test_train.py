@@ -10,16 +10,19 @@ import pyarrow as pa
 import pytest
 import torch
 
+from pipeline.readers import POSITION_KEY, make_loader, set_epoch
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import keyed_coverage
 from pipeline.training import (
     FitResult,
     Trainer,
     TrainerError,
+    features,
     load_trainer,
 )
 from pipeline.training.features import holdout_mask
 from tests.helpers.bundles import stage_result
+from tests.helpers.readers import uneven_index
 from tests.helpers.refusals import one_line_refusal
 from tests.helpers.training import train
 
@@ -202,6 +205,27 @@ def test_holdout_is_a_function_of_the_id_alone():
     again = holdout_mask(list(reversed(ids)), 20)
     assert torch.equal(mask, again.flip(0))  # order, seed and process never move an item
     assert not holdout_mask(ids, 0).any()
+
+
+def test_holdout_by_position_is_the_id_rule_hashed_once_per_index(tmp_path, monkeypatch):
+    """A reader's batch is looked up by its rows' index positions: the same rows as hashing
+    each batch's ids, with the index's ids hashed once for every pass and batch."""
+    index = uneven_index(tmp_path)
+    hashed: list[int] = []
+    real = features.holdout_flags
+    monkeypatch.setattr(
+        features, "holdout_flags", lambda ids, p: hashed.append(len(ids)) or real(ids, p)
+    )
+    loader = make_loader(index, style="iterable", batch_size=50, shuffle=True, seed=4)
+    for epoch in (1, 2):
+        set_epoch(loader, epoch)
+        for batch in loader:
+            by_id = real(pa.array(batch[index.id_field], pa.string()), 20)
+            assert features.batch_holdout(batch, index, 20).tolist() == by_id.tolist()
+    assert hashed == [len(index)]  # once, for both epochs' batches
+    del batch[POSITION_KEY]  # a batch built by hand: its ids are hashed
+    assert torch.equal(features.batch_holdout(batch, index, 20), holdout_mask(batch["item_id"], 20))
+    assert hashed[1:] == [len(batch["item_id"])] * 2
 
 
 def test_the_prediction_table_says_which_rows_were_held_out(classes, tmp_path):
