@@ -21,7 +21,7 @@ from resources.dagster.io_manager import TABLE_NAME
     group_name=CHAIN_GROUP,
     io_manager_key=IO_MANAGER_KEY,
     kinds={"pytorch", "parquet"},
-    code_version="5",
+    code_version="6",
 )
 def prediction_table(
     context: dg.AssetExecutionContext,

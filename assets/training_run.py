@@ -251,7 +251,7 @@ def training_run_asset(
         group_name=CHAIN_GROUP,
         io_manager_key=IO_MANAGER_KEY,
         kinds={"pytorch"},
-        code_version="3",
+        code_version="4",
     )
     def training_run(
         context: dg.AssetExecutionContext,

@@ -16,6 +16,7 @@ feature (``docs/reference-trainer.md``).
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -73,6 +74,8 @@ class SpecTensors(NamedTuple):
     mean: torch.Tensor
     std: torch.Tensor
     classes: torch.Tensor | None  # integer classes, sorted; None for string classes
+    mean32: torch.Tensor  # for columns stored as 32 bits or fewer: standardised in float32
+    std32: torch.Tensor
 
 
 class FeatureSpec(BaseModel):
@@ -120,10 +123,14 @@ def _spec_tensors(
     mean: tuple[float, ...], std: tuple[float, ...], classes: tuple, device: torch.device
 ) -> SpecTensors:
     ints = bool(classes) and not isinstance(classes[0], str)
+    mean64 = torch.tensor(mean, dtype=torch.float64, device=device)
+    std64 = torch.tensor(std, dtype=torch.float64, device=device)
     return SpecTensors(
-        torch.tensor(mean, dtype=torch.float64, device=device),
-        torch.tensor(std, dtype=torch.float64, device=device),
+        mean64,
+        std64,
         torch.tensor(classes, dtype=torch.int64, device=device) if ints else None,
+        mean64.to(torch.float32),
+        std64.to(torch.float32),
     )
 
 
@@ -136,6 +143,17 @@ def number_values(batch: dict, col: FeatureColumn) -> tuple[torch.Tensor, torch.
     if valid is not None:
         ok &= valid.reshape(-1, 1)
     return x, ok
+
+
+def usable_values(batch: dict, col: FeatureColumn) -> torch.Tensor:
+    """:func:`number_values`'s ``[B, width]`` mask alone, read from the values as stored."""
+    t = batch[col.name]
+    x = t.reshape(t.shape[0], col.width)
+    ok = ~torch.isnan(x) if x.is_floating_point() else torch.ones_like(x, dtype=torch.bool)
+    valid = batch.get(col.name + VALID_SUFFIX)
+    if valid is not None:
+        ok &= valid.reshape(-1, 1)
+    return ok
 
 
 def labels(batch: dict, label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
@@ -211,29 +229,61 @@ def to_features(
     """
     device = _device_of(batch, spec) if device is None else torch.device(device)
     parts, codes, start = [], [], 0
-    mean, std, _ = spec.tensors(device)
+    constants = spec.tensors(device)
     for col in spec.columns:
         if col.is_category:
             code, present = _category_codes(batch, col, counts)
             code = code.to(device)
             if col.encoding == "one_hot":  # slot 0 (null, unseen) is dropped: all zeros
                 parts.append(
-                    nn.functional.one_hot(code, len(col.vocabulary) + 1)[:, 1:].to(torch.float64)
+                    nn.functional.one_hot(code, len(col.vocabulary) + 1)[:, 1:].to(torch.float32)
                 )
             else:
-                codes.append(code.to(torch.float64).reshape(-1, 1))
+                codes.append(code.to(torch.float32).reshape(-1, 1))
             if col.nullable:
-                parts.append(present.to(device).to(torch.float64).reshape(-1, 1))
+                parts.append(present.to(device).to(torch.float32).reshape(-1, 1))
             continue
-        x, ok = number_values(batch, col)
+        where = slice(start, start + col.width)
+        needs_ok = counts is not None or col.nullable
+        x, ok = _standardised(batch, col, constants, where, needs_ok=needs_ok)
         if counts is not None:  # a tensor on the device: read once, at the end of the pass
             counts.filled[col.name] = counts.filled.get(col.name, 0) + (~ok).sum()
-        m, s = mean[start : start + col.width], std[start : start + col.width]
-        parts.append(torch.where(ok, (x - m) / s, 0.0))
+        parts.append(x)
         if col.nullable:
-            parts.append(ok.all(dim=1, keepdim=True).to(torch.float64))
+            parts.append(ok.all(dim=1, keepdim=True).to(torch.float32))
         start += col.width
-    return torch.cat(parts + codes, dim=1).to(torch.float32)
+    out = parts + codes
+    return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+
+
+#: stored widths a float32 holds exactly: standardised in float32, with no float64 copy
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _standardised(
+    batch: dict, col: FeatureColumn, constants: SpecTensors, where: slice, *, needs_ok: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A number column standardised as float32 ``[B, width]``, missing values at the mean
+    (0), and the ``[B, width]`` mask of usable values (an empty tensor unless ``needs_ok``).
+
+    Wider columns (float64, integers) are standardised in float64 and then rounded, so a
+    timestamp or a large count keeps its precision; narrower floats are exact in float32 and
+    are standardised there, without a float64 copy of every value.
+    """
+    t = batch[col.name]
+    if t.dtype not in _NARROW:
+        x, ok = number_values(batch, col)
+        y = torch.where(ok, (x - constants.mean[where]) / constants.std[where], 0.0)
+        return y.to(torch.float32), ok
+    x = t.reshape(t.shape[0], col.width).to(torch.float32)
+    y = (x - constants.mean32[where]) / constants.std32[where]
+    valid = batch.get(col.name + VALID_SUFFIX)
+    if not needs_ok and valid is None:  # NaN only where the value is NaN (std is never 0)
+        return torch.nan_to_num_(y, nan=0.0, posinf=math.inf, neginf=-math.inf), y[:0]
+    ok = ~torch.isnan(x)
+    if valid is not None:
+        ok &= valid.reshape(-1, 1)
+    return y.masked_fill_(~ok, 0.0), ok
 
 
 def incomplete_rows(
@@ -248,7 +298,7 @@ def incomplete_rows(
         if col.is_category:
             out |= as_bools(category_values(batch, col).is_null()).to(device)
         else:
-            out |= ~number_values(batch, col)[1].all(dim=1)
+            out |= ~usable_values(batch, col).all(dim=1)
     return out
 
 
