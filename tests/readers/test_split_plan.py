@@ -24,7 +24,26 @@ def test_a_split_that_pads_or_overlaps_is_caught(monkeypatch):
 
     monkeypatch.setattr(split, "map_positions", padded)
     plan = plan_split(1009, [1009], 2, 2)
-    assert not plan.ok and "repeated" in plan.problems[0]
+    assert not plan.ok and "1 held more than once" in plan.problems[0]
+
+
+def test_a_split_that_drops_or_strays_is_caught(monkeypatch):
+    real = split.map_positions
+
+    def stray(n_items, rank, world_size, **kw):  # the last item replaced by one past the end
+        out = real(n_items, rank, world_size, **kw)
+        return np.where(out == n_items - 1, n_items, out)
+
+    monkeypatch.setattr(split, "map_positions", stray)
+    plan = plan_split(1009, [1009], 2, 2)
+    assert not plan.ok and "1 by no rank, 1 outside the index" in plan.problems[0]
+
+
+@pytest.mark.parametrize(("n", "world"), [(1009, 2), (5, 8), (0, 3), (10, 3)])
+def test_the_layout_without_the_proof_has_the_same_shares(n, world):
+    parts = [n // 7 + (1 if i < n % 7 else 0) for i in range(7)]
+    proved, laid_out = plan_split(n, parts, world, 2), plan_split(n, parts, world, 2, prove=False)
+    assert laid_out == proved
 
 
 def test_a_part_with_two_owners_is_caught(monkeypatch):
