@@ -28,6 +28,7 @@ def _results(walls: dict[int, dict[str, float]]) -> dict:
         "decode_rows_per_s": 1e6,
         "decode_id_rows_per_s": 1e7,
         "write_rows_per_s": 1e6,
+        "write_id_rows_per_s": 4e6,
         "loader_rows_per_s": 1e6,
         "copy_bytes_per_s": 5e8,
     }
@@ -62,6 +63,8 @@ def test_limits_count_the_work_each_step_must_do(chain):
     # ... and bring what it downloaded into the cache at the disk's durable rate
     copied = {**m, "bytes_copied": 1e9}
     assert chain.limit_seconds("verified_snapshot", 10**6, copied, lim, 0) == pytest.approx(4.1)
+    # index: decode the ids, save them
+    assert chain.limit_seconds("disjoint_index", 10**6, m, lim, 0) == pytest.approx(0.35 + 2)
     # training: every pass at the loader's own rate
     assert chain.limit_seconds("training_run", 10**6, m, lim, 0) == pytest.approx(3 + 2)
     assert chain.limit_seconds("result_manifest", 10**6, m, lim, 0) == 0
