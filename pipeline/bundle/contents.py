@@ -69,9 +69,11 @@ class _Found:
     """What one file's checks found; computed in a worker thread, merged in manifest order."""
 
     errors: list[BundleError] = field(default_factory=list)
-    table: pa.Table | None = None  # the id column (and status column of a result part)
+    table: pa.Table | None = None  # the id column
     schema_ok: bool = False
     hashes: np.ndarray | None = None  # 64-bit hashes of the ids, for the uniqueness check
+    #: a result part's rows per status value, counted in the thread (then the column dropped)
+    statuses: tuple[dict[str, int], dict[str | None, int]] | None = None
 
 
 def check_contents(root: Path, manifest: Manifest, intact: set[str]) -> list[BundleError]:
@@ -117,8 +119,8 @@ def check_contents(root: Path, manifest: Manifest, intact: set[str]) -> list[Bun
         if not result.schema_ok or result.table is None:
             all_counted = False
         elif is_result:
-            col = result.table.column(fmt.STATUS_COLUMN)
-            unknown = _count_statuses(root / entry.path, entry, col, status_counts)
+            assert result.statuses is not None  # a readable part with its declared schema
+            unknown = _count_statuses(root / entry.path, entry, result.statuses, status_counts)
             errors.extend(unknown)
             all_counted = all_counted and not unknown
     errors.extend(_unique_ids(root, id_field, id_arrays, hashes))
@@ -149,6 +151,9 @@ def _inspect_file(p: Path, f: _File, id_field: str) -> _Found:
         found.schema_ok = problem is None
         if found.table is not None:
             found.hashes = id_hashes(found.table.column(id_field))
+            if fmt.STATUS_COLUMN in f.extra and fmt.STATUS_COLUMN in found.table.column_names:
+                found.statuses = fmt.count_statuses(found.table.column(fmt.STATUS_COLUMN))
+            found.table = found.table.select([id_field])  # kept until every id is compared
     except (pa.ArrowException, OSError, ValueError) as e:
         found.errors.append(
             SchemaMismatch(f"{p}: not a readable Parquet file: {e}", path=f.entry.path)
@@ -236,10 +241,13 @@ def _read_ids(
 
 
 def _count_statuses(
-    p: Path, entry: FileEntry, col: pa.ChunkedArray, counts: dict[str, int]
+    p: Path,
+    entry: FileEntry,
+    statuses: tuple[dict[str, int], dict[str | None, int]],
+    counts: dict[str, int],
 ) -> list[BundleError]:
     """Add a part's status counts to ``counts``; each value that is not a status is a violation."""
-    found, unknown = fmt.count_statuses(col)
+    found, unknown = statuses
     for status, n in found.items():
         counts[status] += n
     return [
