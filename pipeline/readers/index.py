@@ -8,6 +8,7 @@ objects. An index can be saved to a file and loaded back, so a run can pin what 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -165,10 +166,14 @@ class Index:
             "snapshot": m.snapshot.model_dump(),
             "item_id_field": m.item_id_field,
             "parts": [{"path": p.path, "sha256": p.sha256, "rows": p.rows} for p in m.parts],
-            "ids_sha256": _ids_sha256(self.ids),
+            "ids_sha256": self._ids_digest,
         }
 
-    @property
+    @functools.cached_property
+    def _ids_digest(self) -> str:  # the ids never change: hashed once per index, not per use
+        return _ids_sha256(self.ids)
+
+    @functools.cached_property
     def digest(self) -> str:
         """sha256 of the snapshot identity, the part list and the ids: what to pin in a record."""
         return _header_digest(self._header())
