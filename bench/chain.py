@@ -19,6 +19,8 @@ warm, as the steps found it):
 * ``loader``: one pass of the iterable reader (the one prediction uses) with the training batch
   size and no model.
 
+Each step starts after ``os.sync()``: the disk is not still writing the step before's output.
+
 A step's limit is the time those would take for the work the step must do (e.g. verify: hash
 every byte + decode the ids). ``x limit`` is wall / limit (1.0 = at the limit). With several
 ``--items`` values each step's exponent is the slope of log(wall) against log(items).
@@ -355,6 +357,10 @@ def run_child(args: list[str]) -> dict:
         "LITHI_TORCH_THREADS": "1",
     }
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
+    # The step before may leave gigabytes of written pages for the kernel to flush; a step that
+    # writes to the disk itself (the cache copy, with its fsyncs) would otherwise wait on that
+    # writeback and be charged for the step before it.
+    os.sync()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -48,13 +49,24 @@ def as_index(obj: object, what: str) -> Index:
     return Index.from_snapshot(require_verified(obj, what))
 
 
+#: offsets rebased and widened this many at a time into one reused buffer: a copy of every
+#: offset at once would be a fresh allocation as large as the ids, paid in page faults
+_DIGEST_OFFSETS = 1 << 20
+
+
 def _ids_sha256(ids: pa.StringArray) -> str:
-    """Digest of the ids as a sequence: offsets rebased to zero plus the value bytes."""
+    """Digest of the ids as a sequence: offsets rebased to zero (as little-endian int64) plus
+    the value bytes."""
     ids = pa.concat_arrays([ids]) if ids.offset else ids  # a fresh array starts at offset 0
     offsets = np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids) + 1)
     values = ids.buffers()[2]
     data = memoryview(b"" if values is None else values)[offsets[0] : offsets[-1]]
-    return sha256_buffers([(offsets - offsets[0]).astype("<i8"), data])
+    block = np.empty(min(len(offsets), _DIGEST_OFFSETS), dtype="<i8")
+    pieces = (
+        np.subtract(seg, offsets[0], out=block[: len(seg)])
+        for seg in (offsets[a : a + len(block)] for a in range(0, len(offsets), len(block)))
+    )
+    return sha256_buffers(itertools.chain(pieces, [data]))
 
 
 @dataclass(frozen=True, eq=False)

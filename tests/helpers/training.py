@@ -50,6 +50,21 @@ def fit_config(style: str) -> dict:
     return {"features": ["x"], "epochs": EPOCHS, "batch_size": BATCH, "reader": style, "seed": 5}
 
 
+def predict_context(
+    trainer: Trainer, index: Index, config: dict, checkpoint: Path
+) -> PredictContext:
+    """What the pipeline hands ``trainer.predict`` for ``index`` and the fit saved in
+    ``checkpoint`` (in-process, no workers)."""
+    return PredictContext(
+        index=index,
+        config=trainer.parse_config(config),
+        num_workers=0,
+        log=lambda _: None,
+        checkpoint_dir=checkpoint,
+        checkpoint_sha256=hash_checkpoint(checkpoint).sha256,
+    )
+
+
 def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None):
     """What the pipeline does around a trainer, in-process: fit, reconcile, hash, predict."""
     trainer = trainer or load_trainer(REFERENCE_TRAINER)
@@ -57,16 +72,7 @@ def train(index: Index, out: Path, config: dict, trainer: Trainer | None = None)
     run = run_fit(trainer, index, config, output_dir=out, log=lambda _: None)
     result, report, passes = run.result, run.reconciliation, run.passes
     files = hash_checkpoint(out)
-    table = trainer.predict(
-        PredictContext(
-            index=index,
-            config=trainer.parse_config(config),
-            num_workers=0,
-            log=lambda _: None,
-            checkpoint_dir=out,
-            checkpoint_sha256=files.sha256,
-        )
-    )
+    table = trainer.predict(predict_context(trainer, index, config, out))
     if isinstance(table, pa.RecordBatchReader):  # streamed: read whole, the tests are small
         table = table.read_all()
     return result, report, passes, files, table

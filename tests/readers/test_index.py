@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -9,6 +11,7 @@ import pytest
 
 from pipeline.bundle.errors import NotVerified
 from pipeline.bundle.verify import verify
+from pipeline.readers import index as index_module
 from pipeline.readers.index import Index, IndexMismatch
 from tests.helpers.bundles import make_bundle
 
@@ -100,3 +103,18 @@ def test_resolve_columns_always_keeps_id_and_result_columns(snap):
     assert ix.resolve_columns(None) == snap.manifest.schema_.names
     with pytest.raises(KeyError, match="nope"):
         ix.resolve_columns(["nope"])
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+def test_the_ids_digest_is_the_rebased_offsets_then_the_bytes(block, monkeypatch):
+    """Hashed a block of offsets at a time, the digest is still sha256 of every offset rebased
+    to zero as little-endian int64, then the value bytes: the definition saved indexes carry."""
+    monkeypatch.setattr(index_module, "_DIGEST_OFFSETS", block)
+    ids = pa.array([f"item-{i:03d}" * (i % 3 + 1) for i in range(50)] + ["", "é"], pa.string())
+    for arr in (ids, ids.slice(9, 20), ids.slice(0, 0)):
+        fresh = pa.concat_arrays([arr]) if len(arr) else pa.array([], pa.string())
+        offsets = np.frombuffer(fresh.buffers()[1], dtype=np.int32, count=len(fresh) + 1)
+        values = fresh.buffers()[2]
+        data = b"" if values is None else values.to_pybytes()[offsets[0] : offsets[-1]]
+        want = hashlib.sha256((offsets - offsets[0]).astype("<i8").tobytes() + data).hexdigest()
+        assert index_module._ids_sha256(arr) == want

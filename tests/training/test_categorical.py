@@ -20,17 +20,16 @@ import pytest
 import torch
 
 from pipeline.readers.index import Index
-from pipeline.training import TrainerError, hash_checkpoint, load_trainer
+from pipeline.training import TrainerError, load_trainer
 from pipeline.training.features import FeatureColumn, FeatureSpec, holdout_mask
 from pipeline.training.model import MLP, load_checkpoint, save_checkpoint
 from pipeline.training.reference import ReferenceTrainer
 from pipeline.training.reference_config import ReferenceConfig, check_config, checkpoint_config
 from pipeline.training.runner import summarize
-from pipeline.training.trainer import PredictContext
 from tests.helpers.bundles import stage_result
 from tests.helpers.refusals import one_line_refusal
 from tests.helpers.tabular import FEATURES, penguins
-from tests.helpers.training import train
+from tests.helpers.training import predict_context, train
 
 
 def _index(root: Path, table: pa.Table) -> Index:
@@ -151,14 +150,7 @@ def test_unseen_values_at_prediction_are_predicted_and_counted(index, tmp_path):
     train(index, tmp_path / "ckpt", config, trainer)
     new = penguins(seed=7, n=200, islands=["Biscoe", "Atlantis"])
     other = _index(tmp_path / "new", new)
-    ctx = PredictContext(
-        index=other,
-        config=trainer.parse_config(config),
-        num_workers=0,
-        log=lambda _: None,
-        checkpoint_dir=tmp_path / "ckpt",
-        checkpoint_sha256=hash_checkpoint(tmp_path / "ckpt").sha256,
-    )
+    ctx = predict_context(trainer, other, config, tmp_path / "ckpt")
     predictions = trainer.predict(ctx).read_all()
     assert predictions.num_rows == len(other) and predictions["prediction"].null_count == 0
     atlantis = new["island"].to_pylist().count("Atlantis")

@@ -11,9 +11,8 @@ from pipeline.bundle.writer import ROW_GROUP_ROWS
 from pipeline.readers.index import Index
 from pipeline.training import TrainerError, load_trainer
 from pipeline.training.predictions import PredictionFile, write_predictions
-from pipeline.training.trainer import PredictContext
 from tests.helpers.bundles import stage_result
-from tests.helpers.training import train
+from tests.helpers.training import predict_context, train
 
 TRAINER = "tests.example:Mine"
 N = 3000
@@ -109,14 +108,8 @@ def test_the_reference_trainer_streams_one_loader_batch_at_a_time(index, tmp_pat
     config = {"label": "lithi_label", "features": ["x"], "epochs": 1, "holdout_percent": 20}
     _, _, _, files, whole = train(index, tmp_path / "ckpt", config)
     trainer = load_trainer("pipeline.training.reference:ReferenceTrainer")
-    ctx = PredictContext(
-        index=index,
-        config=trainer.parse_config(config),
-        num_workers=0,
-        log=lambda _: None,
-        checkpoint_dir=tmp_path / "ckpt",
-        checkpoint_sha256=files.sha256,
-    )
+    ctx = predict_context(trainer, index, config, tmp_path / "ckpt")
+    assert ctx.checkpoint_sha256 == files.sha256
     reader = trainer.predict(ctx)
     assert isinstance(reader, pa.RecordBatchReader)
     sizes = []
