@@ -40,9 +40,10 @@ from pipeline.training.fit import CHECKPOINT
 from pipeline.training.model import MLP, load_checkpoint
 from pipeline.training.trainer import PredictContext
 
-#: Rows per prediction batch: on the CPU a batch whose temporaries stay in cache; on a GPU one
-#: large enough that a launch's fixed cost is small beside its work.
-BATCH_ROWS = {"cpu": 1024, "cuda": 16384}
+#: Rows per prediction batch: on the CPU enough that each batch's fixed Python work is small
+#: beside its arithmetic, with temporaries of a few MiB; on a GPU enough that a launch's fixed
+#: cost is small beside its work.
+BATCH_ROWS = {"cpu": 8192, "cuda": 16384}
 
 
 def predict_reference(

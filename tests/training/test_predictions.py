@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.bundle.writer import ROW_GROUP_ROWS
 from pipeline.readers.index import Index
-from pipeline.training import TrainerError, load_trainer
+from pipeline.training import TrainerError, load_trainer, predict
 from pipeline.training.predictions import PredictionFile, write_predictions
 from tests.helpers.bundles import stage_result
 from tests.helpers.training import predict_context, train
@@ -104,7 +104,8 @@ def index(tmp_path_factory) -> Index:
     return Index.from_snapshot(stage_result(table, root, rows_per_part=700))
 
 
-def test_the_reference_trainer_streams_one_loader_batch_at_a_time(index, tmp_path):
+def test_the_reference_trainer_streams_one_loader_batch_at_a_time(index, tmp_path, monkeypatch):
+    monkeypatch.setitem(predict.BATCH_ROWS, "cpu", 256)
     config = {"label": "lithi_label", "features": ["x"], "epochs": 1, "holdout_percent": 20}
     _, _, _, files, whole = train(index, tmp_path / "ckpt", config)
     trainer = load_trainer("pipeline.training.reference:ReferenceTrainer")
@@ -115,7 +116,7 @@ def test_the_reference_trainer_streams_one_loader_batch_at_a_time(index, tmp_pat
     sizes = []
     for batch in reader:
         sizes.append(batch.num_rows)
-    assert len(sizes) > 1 and max(sizes) <= 1024  # never more than one prediction batch held
+    assert len(sizes) > 1 and max(sizes) <= 256  # never more than one prediction batch held
     assert sum(sizes) == N
     assert ctx.metadata["values_filled"] == 0  # filled in once the stream ended
     again = trainer.predict(ctx)
