@@ -46,7 +46,9 @@ def _batch() -> dict:
     emb[3, 2] = float("inf")
     score = torch.randn(ROWS, generator=g).to(torch.float32)
     valid = torch.rand(ROWS, generator=g) > 0.2
-    score[~valid] = float("nan")
+    score[~valid] = 7.0  # a null's slot may hold anything: the mask, not the value, decides
+    score[5] = float("nan")  # and a NaN under a valid mask is missing too
+    valid[5] = True
     stamp = 1_700_000_000_000_000 + torch.arange(ROWS, dtype=torch.int64) * 1_000_003
     return {"emb": emb, "score": score, "score" + VALID_SUFFIX: valid, "stamp": stamp}
 
@@ -97,7 +99,7 @@ def test_missing_values_are_counted_and_masked_alike_on_every_path():
     assert torch.equal(with_counts, to_features(batch, spec))
     _, ok = _reference(batch, spec)
     assert int(counts.filled["emb"]) == int((~ok[:, :4]).sum()) == len(range(0, ROWS, 7))
-    assert int(counts.filled["score"]) == int((~batch["score" + VALID_SUFFIX]).sum())
+    assert int(counts.filled["score"]) == int((~batch["score" + VALID_SUFFIX]).sum()) + 1
     assert int(counts.filled["stamp"]) == 0
     for col in spec.columns:
         assert torch.equal(usable_values(batch, col), number_values(batch, col)[1])
