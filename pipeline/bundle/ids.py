@@ -26,8 +26,15 @@ _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
 _HASH_ROWS = 1 << 20
 
 
-def hash64(arr: pa.Array) -> np.ndarray:
+def hash64(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A 64-bit hash of every value of a string array (nulls hash as the empty string)."""
+    if isinstance(arr, pa.ChunkedArray):  # chunk by chunk: no combined copy of the strings
+        out = np.empty(len(arr), dtype=np.uint64)
+        done = 0
+        for chunk in arr.chunks:
+            out[done : done + len(chunk)] = hash64(chunk)
+            done += len(chunk)
+        return out
     arr = arr.cast(pa.string()) if arr.type != pa.string() else arr
     n = len(arr)
     if n == 0:

@@ -13,7 +13,7 @@ import io
 import itertools
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,19 +54,37 @@ def as_index(obj: object, what: str) -> Index:
 _DIGEST_OFFSETS = 1 << 20
 
 
-def _ids_sha256(ids: pa.StringArray) -> str:
-    """Digest of the ids as a sequence: offsets rebased to zero (as little-endian int64) plus
-    the value bytes."""
-    ids = pa.concat_arrays([ids]) if ids.offset else ids  # a fresh array starts at offset 0
-    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids) + 1)
-    values = ids.buffers()[2]
-    data = memoryview(b"" if values is None else values)[offsets[0] : offsets[-1]]
-    block = np.empty(min(len(offsets), _DIGEST_OFFSETS), dtype="<i8")
-    pieces = (
-        np.subtract(seg, offsets[0], out=block[: len(seg)])
-        for seg in (offsets[a : a + len(block)] for a in range(0, len(offsets), len(block)))
-    )
-    return sha256_buffers(itertools.chain(pieces, [data]))
+def _ids_sha256(ids: pa.Array | pa.ChunkedArray) -> str:
+    """Digest of the ids as one sequence, however they are chunked: every offset rebased to
+    zero (as little-endian int64), then the value bytes."""
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    spans = []  # each chunk's offsets, as numpy over its own buffer, and its values
+    for chunk in chunks:
+        offsets = np.frombuffer(
+            chunk.buffers()[1], dtype=np.int32, count=len(chunk) + 1, offset=chunk.offset * 4
+        )
+        spans.append((offsets, chunk.buffers()[2]))
+    block = np.empty(_DIGEST_OFFSETS, dtype="<i8")
+
+    def rebased() -> Iterator[memoryview]:
+        base = 0  # bytes of every chunk before this one
+        for k, (offsets, _) in enumerate(spans):
+            # a chunk's first offset is the previous chunk's last: the sequence names it once
+            own = offsets if k == 0 else offsets[1:]
+            for a in range(0, len(own), len(block)):
+                seg = own[a : a + len(block)]
+                out = np.subtract(seg, offsets[0], out=block[: len(seg)])
+                yield np.add(out, base, out=out).data
+            base += int(offsets[-1] - offsets[0])
+        if not spans:
+            yield np.zeros(1, dtype="<i8").data
+
+    def values() -> Iterator[memoryview]:
+        for offsets, data in spans:
+            if data is not None and len(offsets) > 1:
+                yield memoryview(data)[offsets[0] : offsets[-1]]
+
+    return sha256_buffers(itertools.chain(rebased(), values()))
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +92,8 @@ class Index:
     """Every item of one verified snapshot, in index order (parts in manifest order)."""
 
     snapshot: VerifiedSnapshot
-    ids: pa.StringArray
+    #: every id in index order, chunked as read (``take``, ``[i]`` and ``len`` as an array)
+    ids: pa.ChunkedArray
     part_offsets: np.ndarray
     #: The file it was loaded from (:meth:`load`), so a consumer can load it again instead of
     #: decoding the bundle's ids; ``None`` for an index built from its snapshot.
@@ -95,7 +114,8 @@ class Index:
                     path=entry.path,
                 )
             chunks.extend(col.cast(pa.string()).chunks)
-        ids = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+        # kept as read, a chunk per row group: one array would be a second copy of every id
+        ids = pa.chunked_array(chunks, type=pa.string())
         count_ids_decoded(m.snapshot.content_sha256, len(ids))
         return cls(snapshot, ids, _offsets([p.rows for p in m.parts]))
 
@@ -226,7 +246,7 @@ class Index:
         if meta is None:
             raise IndexMismatch(f"{path}: not a saved index (no {_META_KEY.decode()} header)")
         saved = json.loads(meta)
-        ids = table.column("id").combine_chunks().cast(pa.string())
+        ids = table.column("id").cast(pa.string())
         offsets = _offsets([p.rows for p in snapshot.manifest.parts])
         index = cls(snapshot, ids, offsets, saved_at=os.fspath(path))
         found = index._header()

@@ -334,7 +334,7 @@ def holdout_mask(ids: list[str], percent: int) -> torch.Tensor:
     return torch.from_numpy(holdout_flags(pa.array(ids, type=pa.string()), percent))
 
 
-def holdout_flags(ids: pa.Array, percent: int) -> np.ndarray:
+def holdout_flags(ids: pa.Array | pa.ChunkedArray, percent: int) -> np.ndarray:
     """:func:`holdout_mask` over an Arrow array of ids, as numpy booleans."""
     if percent == 0 or len(ids) == 0:
         return np.zeros(len(ids), dtype=np.bool_)

@@ -30,7 +30,7 @@ def test_from_snapshot_follows_the_manifest(snap):
     assert ix.part_offsets.tolist() == [0, 3, 4, 9, 11]
     assert ix.part_paths == snap.part_paths()
     assert ix.id_field == "item_id" and ix.schema == snap.manifest.schema_
-    assert isinstance(ix.ids, pa.StringArray)
+    assert isinstance(ix.ids, pa.ChunkedArray) and ix.ids.type == pa.string()
     assert ix.ids.to_pylist() == [f"{i:05d}" for i in range(11)]
 
 
@@ -107,12 +107,16 @@ def test_resolve_columns_always_keeps_id_and_result_columns(snap):
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 20])
 def test_the_ids_digest_is_the_rebased_offsets_then_the_bytes(block, monkeypatch):
-    """Hashed a block of offsets at a time, the digest is still sha256 of every offset rebased
-    to zero as little-endian int64, then the value bytes: the definition saved indexes carry."""
+    """Hashed a block of offsets at a time and a chunk at a time, the digest is still sha256 of
+    every offset rebased to zero as little-endian int64, then the value bytes: the definition
+    saved indexes carry, whatever the chunking."""
     monkeypatch.setattr(index_module, "_DIGEST_OFFSETS", block)
     ids = pa.array([f"item-{i:03d}" * (i % 3 + 1) for i in range(50)] + ["", "é"], pa.string())
-    for arr in (ids, ids.slice(9, 20), ids.slice(0, 0)):
-        fresh = pa.concat_arrays([arr]) if len(arr) else pa.array([], pa.string())
+    chunked = pa.chunked_array([ids.slice(0, 7), ids.slice(7, 0), ids.slice(7, 30), ids.slice(37)])
+    empty = pa.chunked_array([], pa.string())
+    for arr in (ids, ids.slice(9, 20), ids.slice(0, 0), chunked, chunked.slice(3, 40), empty):
+        whole = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+        fresh = pa.concat_arrays([whole]) if len(whole) else pa.array([], pa.string())
         offsets = np.frombuffer(fresh.buffers()[1], dtype=np.int32, count=len(fresh) + 1)
         values = fresh.buffers()[2]
         data = b"" if values is None else values.to_pybytes()[offsets[0] : offsets[-1]]
