@@ -155,6 +155,14 @@ class Index:
         """Whether batches carry the ``lithi_*`` result columns."""
         return self.manifest.kind == "result"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Chunks read from a file are often slices of one larger decoded buffer, and Arrow
+        # pickles a slice's whole buffers: a spawned DataLoader worker would receive every
+        # buffer once per chunk that shares it. One compact chunk pickles as the ids alone.
+        state = dict(self.__dict__)
+        state["ids"] = pa.chunked_array([self.ids.combine_chunks()], type=pa.string())
+        return state
+
     def __len__(self) -> int:
         return len(self.ids)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -122,3 +123,17 @@ def test_the_ids_digest_is_the_rebased_offsets_then_the_bytes(block, monkeypatch
         data = b"" if values is None else values.to_pybytes()[offsets[0] : offsets[-1]]
         want = hashlib.sha256((offsets - offsets[0]).astype("<i8").tobytes() + data).hexdigest()
         assert index_module._ids_sha256(arr) == want
+
+
+def test_an_index_pickles_as_its_ids_not_the_buffers_its_chunks_share(tmp_path):
+    """A chunk read from a file is often a slice of a larger buffer, which Arrow would pickle
+    whole for each chunk; a spawned worker receives the ids once."""
+    ix = Index.from_snapshot(make_bundle(tmp_path / "b", [3000, 2000]))
+    ids = ix.ids.combine_chunks()
+    shares = pa.chunked_array([ids.slice(a, 500) for a in range(0, 5000, 500)])  # 10 × the buffer
+    shared = Index(ix.snapshot, shares, ix.part_offsets)
+    compact = Index(ix.snapshot, pa.chunked_array([ids]), ix.part_offsets)
+    data = pickle.dumps(shared)
+    assert len(data) < len(pickle.dumps(compact)) + ids.nbytes // 10
+    back = pickle.loads(data)
+    assert back.ids.equals(ix.ids) and back.digest == ix.digest and len(back) == 5000
