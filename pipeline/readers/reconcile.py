@@ -26,6 +26,7 @@ from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.ids import absent, duplicates, id_hashes
 from pipeline.bundle.manifest import Manifest
+from pipeline.readers.split import item_owners
 from pipeline.readers.tensors import POSITION_KEY
 
 _EXAMPLES = 5
@@ -271,17 +272,15 @@ def _by_positions(
     item holds, so the totals show it.
     """
     pos = np.concatenate([oc.positions() for oc in counts])
-    inside = pos[(pos >= 0) & (pos < items)]
-    per_item = np.bincount(inside, minlength=items)
-    twice = np.flatnonzero(per_item > 1)
-    never = np.flatnonzero(per_item == 0)
+    owners = item_owners(pos, items)
 
     def named(where: np.ndarray) -> list[str]:
         if ids is None:
             return [f"index position {int(p)}" for p in where[:_EXAMPLES]]
         return sorted(ids.take(pa.array(where[:_EXAMPLES])).to_pylist())
 
-    return len(pos), len(twice), named(twice), len(never), named(never)
+    repeated, unowned = owners.repeated, owners.unowned
+    return len(pos), len(repeated), named(repeated), len(unowned), named(unowned)
 
 
 def reconcile_distributed(

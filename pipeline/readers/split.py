@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -165,18 +166,36 @@ def part_order(
 # -- proving a planned split ----------------------------------------------------------------
 
 
+class ItemOwners(NamedTuple):
+    """How often each item of an index is named by a set of positions."""
+
+    outside: int  # positions that name no item (below 0 or past the last)
+    repeated: np.ndarray  # the items named more than once, as positions
+    unowned: np.ndarray  # the items never named, as positions
+
+
+def item_owners(positions: np.ndarray, n_items: int) -> ItemOwners:
+    """Count, per item of ``n_items``, how often ``positions`` names it (linear, no sort)."""
+    inside = (positions >= 0) & (positions < n_items)
+    per_item = np.bincount(positions[inside], minlength=n_items)
+    return ItemOwners(
+        int(len(positions) - inside.sum()),
+        np.flatnonzero(per_item > 1),
+        np.flatnonzero(per_item == 0),
+    )
+
+
 def _owners_per_item(shares: Sequence[np.ndarray], n_items: int) -> list[str]:
     """What is wrong with ``shares`` as a split of ``n_items`` items: positions outside the
-    index, items held twice or by no one (counted per item, without sorting)."""
+    index, items held twice or by no one."""
     every = np.concatenate(shares) if shares else np.zeros(0, np.int64)
-    outside = int(((every < 0) | (every >= n_items)).sum())
-    owners = np.bincount(every[(every >= 0) & (every < n_items)], minlength=n_items)
-    repeated, unowned = int((owners > 1).sum()), int((owners == 0).sum())
-    if not (outside or repeated or unowned):
+    owners = item_owners(every, n_items)
+    repeated, unowned = len(owners.repeated), len(owners.unowned)
+    if not (owners.outside or repeated or unowned):
         return []
     return [
         f"map-style shares hold {len(every)} positions for {n_items} items ({repeated} held "
-        f"more than once, {unowned} by no rank, {outside} outside the index)"
+        f"more than once, {unowned} by no rank, {owners.outside} outside the index)"
     ]
 
 
