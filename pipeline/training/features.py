@@ -137,16 +137,12 @@ def _spec_tensors(
 def number_values(batch: dict, col: FeatureColumn) -> tuple[torch.Tensor, torch.Tensor]:
     """A column as float64 ``[B, width]`` and a ``[B, width]`` mask of usable values."""
     t = batch[col.name]
-    x = t.to(torch.float64).reshape(t.shape[0], col.width)
-    ok = ~torch.isnan(x)
-    valid = batch.get(col.name + VALID_SUFFIX)
-    if valid is not None:
-        ok &= valid.reshape(-1, 1)
-    return x, ok
+    return t.to(torch.float64).reshape(t.shape[0], col.width), usable_values(batch, col)
 
 
 def usable_values(batch: dict, col: FeatureColumn) -> torch.Tensor:
-    """:func:`number_values`'s ``[B, width]`` mask alone, read from the values as stored."""
+    """A column's ``[B, width]`` mask of usable values (not NaN, not null), read from the
+    values as stored."""
     t = batch[col.name]
     x = t.reshape(t.shape[0], col.width)
     ok = ~torch.isnan(x) if x.is_floating_point() else torch.ones_like(x, dtype=torch.bool)
@@ -280,9 +276,7 @@ def _standardised(
     valid = batch.get(col.name + VALID_SUFFIX)
     if not needs_ok and valid is None:  # NaN only where the value is NaN (std is never 0)
         return torch.nan_to_num_(y, nan=0.0, posinf=math.inf, neginf=-math.inf), y[:0]
-    ok = ~torch.isnan(x)
-    if valid is not None:
-        ok &= valid.reshape(-1, 1)
+    ok = usable_values(batch, col)
     return y.masked_fill_(~ok, 0.0), ok
 
 
