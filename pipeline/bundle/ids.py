@@ -91,12 +91,7 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray | list[pa.Array]) -> np.ndarray:
     arrays: a pass's batches), in one array filled chunk by chunk (no list of pieces beside it
     to concatenate); computable in a worker thread."""
     chunks = _string_chunks(ids if isinstance(ids, list) else [ids])
-    out = np.empty(sum(len(c) for c in chunks), dtype=np.uint64)
-    at = 0
-    for c in chunks:
-        out[at : at + len(c)] = hash64(c)
-        at += len(c)
-    return out
+    return hash64(pa.chunked_array(chunks, type=pa.string()))
 
 
 def duplicates(
