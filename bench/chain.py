@@ -34,7 +34,8 @@ checkpoint is timed alone on one batch already in memory (a training step: forwa
 backward, Adam; a prediction: forward, softmax; ``model_rates``). ``model s`` is that arithmetic
 for the step's rows (each epoch's training steps and the evaluation forward; one forward per
 predicted item), and ``x (limit + model)`` is wall / (limit + model s): how far the step is from
-its data and its model together.
+its data and its model together. Training's floor (``training_floor``) is the least the step
+could take with its data and its model overlapped perfectly, printed beside the table.
 
     .venv/bin/python bench/chain.py [--items 20000 ...] [--world-sizes 1 2] [--epochs 1]
 
@@ -550,6 +551,19 @@ def model_seconds(step: str, items: int, m: dict) -> float | None:
     return None
 
 
+def training_floor(items: int, m: dict, lim: dict) -> float | None:
+    """The least a training step could take on this machine, with data and model overlapped
+    perfectly (reading on one core while the model computes on another): the fitting pass reads
+    alone, since the model is built from what it finds; each epoch and the evaluation take the
+    longer of their data pass and their model arithmetic. None where no model was timed."""
+    if "model_train_rows_per_s" not in m:
+        return None
+    data_pass = items / lim["loader_rows_per_s"]
+    train = items / m["model_train_rows_per_s"]
+    predict = items / m["model_predict_rows_per_s"]
+    return data_pass + m.get("epochs", 1) * max(data_pass, train) + max(data_pass, predict)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chain at each size and world size, print the table, save the JSON."""
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
@@ -661,6 +675,18 @@ def print_table(results: dict) -> None:
             f"loader {lim['loader_rows_per_s'] / 1e6:.2f} M rows/s; durable copy "
             f"{lim['copy_bytes_per_s'] / 1e6:.0f} MB/s"
         )
+    floors = [
+        (items, ws, m, lim_s, training_floor(items, m, m["limits"]))
+        for items, ws, step, m, lim_s in rows_for(results)
+        if step == "training_run"
+    ]
+    for items, ws, m, lim_s, floor in floors:
+        if floor is not None and lim_s > 0:
+            print(
+                f"\ntraining_run at {items:,}, ws {ws}: its floor on this machine (data and model "
+                f"overlapped, one core each) {floor:.2f} s = {floor / lim_s:.2f}x the loader; "
+                f"the step {m.get('step_wall', m['wall']) / floor:.2f}x its floor"
+            )
     exps = exponents(results)
     if exps:
         print("\nexponent of wall time against items (log-log slope):")

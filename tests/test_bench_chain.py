@@ -70,6 +70,24 @@ def test_limits_count_the_work_each_step_must_do(chain):
     assert chain.limit_seconds("result_manifest", 10**6, m, lim, 0) == 0
 
 
+def test_training_floor_overlaps_data_and_model_and_nothing_else(chain):
+    """The floor: the fitting pass reads alone (the model needs its spec); each epoch and the
+    evaluation take the longer of their data pass and their model arithmetic."""
+    lim = _results({1: {}})["runs"][0]["steps"]["stage"]["limits"]  # the loader: 1e6 rows/s
+    slow_model = {"passes": 3, "epochs": 1, "model_train_rows_per_s": 2.5e5,
+                  "model_predict_rows_per_s": 5e5}  # fmt: skip
+    # a pass of data 1 s; training 4 s, evaluation 2 s of arithmetic
+    assert chain.training_floor(10**6, slow_model, lim) == pytest.approx(1 + 4 + 2)
+    fast_model = {**slow_model, "model_train_rows_per_s": 1e9, "model_predict_rows_per_s": 1e9}
+    # a free model leaves the data's own three passes: the loader's limit
+    assert chain.training_floor(10**6, fast_model, lim) == pytest.approx(
+        chain.limit_seconds("training_run", 10**6, {**fast_model, "hashed": 0}, lim, 0)
+    )
+    two_epochs = {**slow_model, "passes": 4, "epochs": 2}
+    assert chain.training_floor(10**6, two_epochs, lim) == pytest.approx(1 + 8 + 2)
+    assert chain.training_floor(10**6, {"passes": 3}, lim) is None  # no model timed
+
+
 def test_tree_memory_sees_a_child_process(chain):
     """The probe reads each process of the tree: a child holding 200 MiB is seen.
 
