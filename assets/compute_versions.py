@@ -10,14 +10,17 @@ observation carries the version's content digest as its data version, so a newer
 
 from __future__ import annotations
 
+import warnings
+
 import dagster as dg
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP
+from assets.chain_keys import chain_of
 from pipeline.bundle import format as fmt
 from pipeline.bundle.manifest import Manifest
 from resources.dagster.chain_settings import ChainSettings
-from resources.dagster.clients import BundleStoreResource, ComputeResource
+from resources.dagster.clients import BundleStoreResource, ComputeResource, source_client
 
 KEY = dg.AssetKey("compute_versions")
 #: The tag Dagster reads an observation's data version from (what ``ObserveResult`` writes).
@@ -33,10 +36,11 @@ def delta(manifest: Manifest, parent: Manifest | None) -> dict[str, int]:
 
 
 def observation(
-    job_id: str, manifest: Manifest, url: str, parent: Manifest | None
+    job_id: str, manifest: Manifest, url: str, parent: Manifest | None, key: dg.AssetKey = KEY
 ) -> dg.AssetObservation:
     """The observation of one published version: identity, counts, and the change from its
-    parent, as metadata a person reads (and Dagster plots) on the asset's page."""
+    parent, as metadata a person reads (and Dagster plots) on the page of ``key`` (a chain's
+    ``compute_versions``)."""
     job = manifest.job
     counts = manifest.counts.model_dump()
     moved = delta(manifest, parent)
@@ -54,38 +58,57 @@ def observation(
         "manifest_url": dg.MetadataValue.url(url) if "://" in url else dg.MetadataValue.path(url),
     }
     return dg.AssetObservation(
-        asset_key=KEY,
+        asset_key=key,
         description=f"{job_id} {metadata['status']} {manifest.snapshot.version_id}: {change}",
         metadata=metadata,
         tags={DATA_VERSION_TAG: manifest.snapshot.content_sha256},
     )
 
 
-@dg.observable_source_asset(
-    key=KEY,
-    group_name=CHAIN_GROUP,
-    tags={"dagster/kind/json": ""},  # what ``kinds`` writes; this decorator takes tags only
-    # this decorator does not read the function's docstring: the asset's description is here
-    description="Every result version the Compute jobs published, PARTIAL ones included: one "
-    "observation per version, recorded by the sensor as it sees it, with counts by status, "
-    "content digest, parent, outstanding items and what changed since the parent. Observing "
-    "it by hand records the latest version of each watched job.",
-)
-def compute_versions(
-    compute: ComputeResource, bundle_store: BundleStoreResource, chain_settings: ChainSettings
-) -> dg.ObserveResult:
-    """Observe the latest version of the watched job (the first one if several are watched)."""
-    client = compute.client()
-    jobs = chain_settings.watched_jobs(client)
-    if not jobs:
-        raise dg.Failure("no Compute job is watched: set LITHI_JOB_ID or submit a job first")
-    status = client.status(jobs[0])
-    if status.latest_version_id is None:
-        raise dg.Failure(f"{jobs[0]} has published no version yet ({status.state})")
-    url = client.bundle_url(jobs[0], status.latest_version_id)
-    m = bundle_store.store().read_manifest(url, chain_settings.credential_ref or None)
-    seen = observation(jobs[0], m, url, None)
-    return dg.ObserveResult(
-        metadata={k: v for k, v in seen.metadata.items() if not k.startswith("change")},
-        data_version=dg.DataVersion(m.snapshot.content_sha256),
+def compute_versions_asset(key: dg.AssetKey = KEY, group: str = CHAIN_GROUP) -> dg.SourceAsset:
+    """The ``compute_versions`` source asset at ``key`` in ``group`` (one per chain)."""
+    with warnings.catch_warnings():
+        # observable_source_asset is beta in Dagster 1.13: said once here, not on every load
+        # of the code location (each code server, each run, `demo --help`)
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _compute_versions_asset(key, group)
+
+
+def _compute_versions_asset(key: dg.AssetKey, group: str) -> dg.SourceAsset:
+    @dg.observable_source_asset(
+        key=key,
+        group_name=group,
+        tags={"dagster/kind/json": ""},  # what ``kinds`` writes; this decorator takes tags only
+        # this decorator does not read the function's docstring: the description is here
+        description="Every result version the Compute jobs published, PARTIAL ones included: "
+        "one observation per version, recorded by the sensor as it sees it, with counts by "
+        "status, content digest, parent, outstanding items and what changed since the parent. "
+        "Observing it by hand records the latest version of each watched job.",
     )
+    def compute_versions(
+        context: dg.OpExecutionContext,
+        compute: ComputeResource,
+        bundle_store: BundleStoreResource,
+        chain_settings: ChainSettings,
+    ) -> dg.ObserveResult:
+        """Observe the latest version of the watched job (the first one if several are)."""
+        settings = chain_settings.for_chain(chain_of(key))
+        client = source_client(compute, bundle_store, settings)
+        jobs = settings.watched_jobs(client)
+        if not jobs:
+            raise dg.Failure("no Compute job is watched: set LITHI_JOB_ID or submit a job first")
+        status = client.status(jobs[0])
+        if status.latest_version_id is None:
+            raise dg.Failure(f"{jobs[0]} has published no version yet ({status.state})")
+        url = client.bundle_url(jobs[0], status.latest_version_id)
+        m = bundle_store.store().read_manifest(url, settings.credential_ref or None)
+        seen = observation(jobs[0], m, url, None, key)
+        return dg.ObserveResult(
+            metadata={k: v for k, v in seen.metadata.items() if not k.startswith("change")},
+            data_version=dg.DataVersion(m.snapshot.content_sha256),
+        )
+
+    return compute_versions
+
+
+compute_versions = compute_versions_asset()

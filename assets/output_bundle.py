@@ -6,6 +6,7 @@ import dagster as dg
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from assets.chain_keys import chain_of
 from pipeline.bundle.atomic import atomic_write_text
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.manifest import InputRef
@@ -49,6 +50,7 @@ def output_bundle(
     and the training artifacts to ``<publish_url>/<version_id>.training/`` (the checkpoint, the
     training record, then this record, last)."""
     training = training_run.record
+    chain_settings = chain_settings.for_chain(chain_of(context.asset_key))
     store = bundle_store.store()
     _retire_unrecorded(context, artifacts, store)
     version = new_version_id("prediction")

@@ -4,10 +4,11 @@ import dagster as dg
 
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from assets.chain_keys import chain_of
 from assets.compute_versions import compute_versions
 from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.dagster.chain_settings import ChainSettings
-from resources.dagster.clients import BundleStoreResource, ComputeResource
+from resources.dagster.clients import BundleStoreResource, ComputeResource, source_client
 
 
 class ResultManifestConfig(dg.Config):
@@ -47,8 +48,9 @@ def result_manifest(
     """The Compute job's ``result-manifest.json``, read first: it binds every file, count and
     schema of the bundle. A PARTIAL version is recorded too; its blocking check stops the chain
     there unless ``allow_partial`` is set."""
+    chain_settings = chain_settings.for_chain(chain_of(context.asset_key))
     try:
-        client = compute.client()
+        client = source_client(compute, bundle_store, chain_settings)
         job_id = config.job_id or chain_settings.resolve_job(client)
         if not job_id:
             raise dg.Failure("no Compute job to read: set LITHI_JOB_ID or submit a job first")

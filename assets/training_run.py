@@ -7,7 +7,6 @@ the checkpoint, reconciles what the readers yielded and writes the record naming
 (snapshot identity, index digest) and code (trainer path, version, source digest).
 """
 
-import copy
 import json
 import os
 import shlex
@@ -22,6 +21,7 @@ import pydantic
 from assets import _charts as charts
 from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
+from assets._refusal import refusal
 from pipeline.readers.index import Index
 from pipeline.training.device import choose_device
 from pipeline.training.record import (
@@ -72,10 +72,17 @@ def training_config_class(trainer_path: str, defaults: Mapping[str, Any] | None 
         )
     fields: dict[str, Any] = {"trainer": path_field}
     for name, f in trainer.Config.model_fields.items():
+        # types and defaults only: Dagster checks the types at launch, and the trainer's own
+        # constraints (epochs >= 1, say) are checked by the step with the trainer's message,
+        # not by Dagster building this object before the step, in a stack trace it retries
+        kept: dict[str, Any] = {"description": f.description}
         if name in defaults:
-            f = copy.copy(f)
-            f.default, f.default_factory = defaults[name], None
-        fields[name] = (f.annotation, f)
+            kept["default"] = defaults[name]
+        elif f.default_factory is not None:
+            kept["default_factory"] = f.default_factory
+        elif not f.is_required():
+            kept["default"] = f.default
+        fields[name] = (f.annotation, pydantic.Field(**kept))
     return pydantic.create_model(
         "TrainingConfig", __base__=dg.Config, __doc__=trainer.Config.__doc__, **fields
     )
@@ -241,14 +248,22 @@ def _tag_run(context: dg.AssetExecutionContext, trainer_path: str, config: Any) 
 
 
 def training_run_asset(
-    trainer_path: str = REFERENCE_TRAINER, defaults: Mapping[str, Any] | None = None
+    trainer_path: str = REFERENCE_TRAINER,
+    defaults: Mapping[str, Any] | None = None,
+    chain: str = "",
 ) -> dg.AssetsDefinition:
-    """The ``training_run`` asset for the trainer at ``trainer_path`` (see the module doc)."""
+    """The ``training_run`` asset for the trainer at ``trainer_path`` (see the module doc).
+
+    A named ``chain``'s is keyed ``<chain>/training_run`` with its op named after it: each
+    chain's config is its own op's, and a code location's ops need distinct names. (Its input
+    is still ``disjoint_index``'s key; :func:`assets.chain_assets` renames that.)
+    """
     TrainingConfig = training_config_class(trainer_path, defaults)  # noqa: N806
 
     @dg.asset(
         name="training_run",
-        group_name=CHAIN_GROUP,
+        key_prefix=[chain] if chain else None,
+        group_name=chain or CHAIN_GROUP,
         io_manager_key=IO_MANAGER_KEY,
         kinds={"pytorch"},
         code_version="4",
@@ -269,13 +284,13 @@ def training_run_asset(
         written once."""
         values = config.model_dump()
         path = values.pop("trainer")
-        trainer = load_trainer(path)
-        params = trainer.parse_config(values)
         index = disjoint_index
         try:  # against the manifest's schema, before anything is read or launched
+            trainer = load_trainer(path)
+            params = trainer.parse_config(values)
             trainer.check(params, index.schema, index.id_field)
-        except TrainerError as e:
-            raise dg.Failure(str(e)) from None
+        except TrainerError as e:  # the same config would fail the same way: not retried
+            raise refusal(context, str(e)) from None
         params_data = params.model_dump(mode="json") if hasattr(params, "model_dump") else params
         _tag_run(context, path, params_data)
         out = artifacts.directory(context)

@@ -89,6 +89,7 @@ class LithiEnv(BaseSettings):
     bundle_url: str = ""
     publish_url: str = ""
     publish_credential_ref: str = ""
+    chains: Path | None = None  # a YAML file declaring the code location's chains
 
     @field_validator("trainer_config")
     @classmethod

@@ -5,15 +5,21 @@ embedded defaults: local Compute, a bundle cache and artifacts under ``LITHI_HOM
 stops the code location from loading with one line naming the variable.
 """
 
-import dagster as dg
+from typing import NamedTuple
 
-from assets import CHAIN_CHECKS, chain_assets
-from pipeline.defs.jobs import chain_job, resubmit_job
+import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,  # what define_asset_job returns; not exported by name
+)
+
+from assets import chain_assets, chain_checks, training_run_asset
+from pipeline.defs.chains_file import ChainsFile, check_trainer_configs, load_chains_file
+from pipeline.defs.jobs import chain_job_for, resubmit_job
 from pipeline.defs.schedule import chain_schedule
-from pipeline.defs.sensor import compute_partial_sensor
+from pipeline.defs.sensor import partial_sensor
 from pipeline.training.trainer import TrainerError, load_trainer
 from resources.dagster.artifacts import ArtifactStore
-from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.chain_settings import ChainSettings, ChainSource
 from resources.dagster.clients import (
     BundleSourceResource,
     BundleStoreResource,
@@ -23,8 +29,31 @@ from resources.dagster.io_manager import ChainIOManager
 from resources.settings import LithiEnv, SettingsError
 
 
-def resources_from(env: LithiEnv) -> dict[str, object]:
-    """The resources ``env`` describes, keyed as the assets, jobs and sensor ask for them."""
+class ChainParts(NamedTuple):
+    """Everything one chain adds to the code location."""
+
+    assets: list
+    checks: list
+    job: UnresolvedAssetJobDefinition
+    sensor: dg.SensorDefinition
+    schedule: dg.ScheduleDefinition
+
+
+def chain_parts(chain: str, trainer: str | None, defaults: dict | None, cron: str) -> ChainParts:
+    """The chain factory: the six links of ``chain`` (trained by ``trainer`` with its config
+    ``defaults``), their checks, its job, its sensor and its schedule."""
+    return ChainParts(
+        assets=chain_assets(trainer, defaults, chain),
+        checks=chain_checks(chain),
+        job=chain_job_for(chain),
+        sensor=partial_sensor(chain),
+        schedule=chain_schedule(cron, chain),
+    )
+
+
+def resources_from(env: LithiEnv, declared: ChainsFile | None = None) -> dict[str, object]:
+    """The resources ``env`` (and the chains file, if any) describe, keyed as the assets, jobs
+    and sensors ask for them."""
     refs = env.credential_ref_map
     store = BundleStoreResource(
         cache_dir=str(env.cache_path), credential_refs=refs, rehash=env.rehash
@@ -47,29 +76,59 @@ def resources_from(env: LithiEnv) -> dict[str, object]:
         "bundle_store": store,
         "artifacts": artifacts,
         "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
-        "chain_settings": ChainSettings.from_env(env),
+        "chain_settings": ChainSettings.from_env(env, chain_sources(declared)),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
 
 
+def chain_sources(declared: ChainsFile | None) -> dict[str, ChainSource]:
+    """Each declared chain's source and publishing, as the chain settings resource holds them."""
+    return {
+        c.name: ChainSource(
+            job_id=c.source.job_id,
+            watch_jobs=",".join(c.source.watch_jobs),
+            bundle_url=c.source.bundle_url,
+            credential_ref=c.source.credential_ref,
+            publish_url=c.publish_url,
+            publish_credential_ref=c.publish_credential_ref,
+        )
+        for c in (declared.chains if declared is not None else [])
+    }
+
+
 def build_definitions(env: LithiEnv | None = None, **resource_overrides: object) -> dg.Definitions:
-    """Assemble the code location from ``env`` (default: the environment); tests override."""
+    """Assemble the code location from ``env`` (default: the environment); tests override.
+
+    The default chain comes from the ``LITHI_*`` variables; ``LITHI_CHAINS`` adds the chains
+    its YAML file declares, each with its own keys, group, job, sensor and schedule.
+    """
     env = env or LithiEnv.load()
-    try:
-        load_trainer(env.trainer)
-    except TrainerError as e:
-        raise SettingsError(f"LITHI_TRAINER={env.trainer!r}: {e}") from None
-    try:
-        assets = chain_assets(env.trainer, env.trainer_defaults)
-    except TrainerError as e:
-        raise SettingsError(f"LITHI_TRAINER_CONFIG={env.trainer_config!r}: {e}") from None
+    declared = load_chains_file(env.chains) if env.chains else None
+    parts: list[ChainParts] = []
+    if declared is None or declared.default_chain:
+        try:
+            load_trainer(env.trainer)
+        except TrainerError as e:
+            raise SettingsError(f"LITHI_TRAINER={env.trainer!r}: {e}") from None
+        try:
+            parts.append(chain_parts("", env.trainer, env.trainer_defaults, env.chain_cron))
+        except TrainerError as e:
+            raise SettingsError(f"LITHI_TRAINER_CONFIG={env.trainer_config!r}: {e}") from None
+    if declared is not None:
+        assert env.chains is not None
+        check_trainer_configs(declared, env.chains, training_run_asset)
+        parts += [
+            chain_parts(c.name, c.trainer, c.config, c.cron or env.chain_cron)
+            for c in declared.chains
+        ]
+    resources = resources_from(env, declared)
     return dg.Definitions(
-        assets=assets,
-        asset_checks=CHAIN_CHECKS,
-        jobs=[chain_job, resubmit_job],
-        schedules=[chain_schedule(env.chain_cron)],
-        sensors=[compute_partial_sensor],
-        resources={**resources_from(env), **resource_overrides},
+        assets=[a for p in parts for a in p.assets],
+        asset_checks=[c for p in parts for c in p.checks],
+        jobs=[*(p.job for p in parts), resubmit_job],
+        schedules=[p.schedule for p in parts],
+        sensors=[p.sensor for p in parts],
+        resources={**resources, **resource_overrides},
         # A linear chain gains nothing from a process per step, and pays a fresh interpreter
         # (torch, Dagster) for each: every job, the CLI's implicit one too, runs in-process.
         executor=dg.in_process_executor,

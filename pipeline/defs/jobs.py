@@ -4,13 +4,20 @@ A resubmission is a job rather than a side effect of a sensor tick, so it is vis
 retryable in the UI; its idempotency key makes a retry of the same request harmless.
 """
 
-import dagster as dg
+import functools
 
-from assets import CHAIN_GROUP
+import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,  # what define_asset_job returns; not exported by name
+)
+
+from assets import DEFAULT_CHAIN, chain_group
 from assets.result_manifest import ResultManifestConfig
 from pipeline.bundle.errors import BundleError
+from pipeline.defs.run_labels import RUN_LABEL_HOOKS
 from resources.compute.client import ComputeError, ComputeUnavailable
-from resources.dagster.clients import BundleStoreResource, ComputeResource
+from resources.dagster.chain_settings import ChainSettings
+from resources.dagster.clients import BundleStoreResource, ComputeResource, source_client
 
 #: Run statuses after which a run does nothing more.
 FINISHED_RUN_STATUSES = frozenset(
@@ -24,14 +31,41 @@ RESUBMIT_JOB_NAME = "resubmit_outstanding_job"
 #: the failed step: what already succeeded is loaded from the failed run's artifacts.
 CHAIN_RUN_RETRIES = 2
 
-chain_job = dg.define_asset_job(
-    name=CHAIN_JOB_NAME,
-    selection=dg.AssetSelection.groups(CHAIN_GROUP),
-    description="Result manifest → verified snapshot → disjoint index → training → predictions "
-    "→ output bundle, for one Compute job version.",
-    executor_def=dg.in_process_executor,
-    tags={"dagster/max_retries": str(CHAIN_RUN_RETRIES), "dagster/retry_strategy": "FROM_FAILURE"},
-)
+
+def chain_job_name(chain: str = DEFAULT_CHAIN) -> str:
+    """The name of ``chain``'s job: ``<chain>_chain_job``, or today's name for the default."""
+    return f"{chain}_chain_job" if chain else CHAIN_JOB_NAME
+
+
+def is_chain_job(job_name: str) -> bool:
+    """Whether ``job_name`` is a chain's job (of any chain)."""
+    return job_name == CHAIN_JOB_NAME or job_name.endswith("_chain_job")
+
+
+def chain_job_for(chain: str = DEFAULT_CHAIN) -> UnresolvedAssetJobDefinition:
+    """The end-to-end job of ``chain``: its group, in one process, retried from the failure.
+    One object per chain: its sensor, its schedule and the code location share it."""
+    return _chain_job(chain)
+
+
+@functools.cache
+def _chain_job(chain: str) -> UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(
+        name=chain_job_name(chain),
+        selection=dg.AssetSelection.groups(chain_group(chain)),
+        description="Result manifest → verified snapshot → disjoint index → training → "
+        "predictions → output bundle, for one Compute job version"
+        + (f" (chain {chain})." if chain else "."),
+        executor_def=dg.in_process_executor,
+        hooks=RUN_LABEL_HOOKS,
+        tags={
+            "dagster/max_retries": str(CHAIN_RUN_RETRIES),
+            "dagster/retry_strategy": "FROM_FAILURE",
+        },
+    )
+
+
+chain_job = chain_job_for()
 
 
 def chain_run_config(job_id: str, version_id: str, allow_partial: bool = False) -> dg.RunConfig:
@@ -50,6 +84,7 @@ class ResubmitConfig(dg.Config):
 
     job_id: str
     from_version_id: str
+    chain: str = ""  # the chain whose source holds the job (empty: the default chain)
 
 
 def idempotency_key(job_id: str, version_id: str) -> str:
@@ -71,13 +106,14 @@ def resubmit_outstanding(
     config: ResubmitConfig,
     compute: ComputeResource,
     bundle_store: BundleStoreResource,
+    chain_settings: ChainSettings,
 ) -> dg.Output[int]:
     """Ask Compute to run only the outstanding items; the idempotency key makes retries safe.
 
     :class:`ComputeUnavailable` propagates, so Dagster retries the op (``TRANSIENT_RETRY``); a
     refusal (unknown job, a version that is not PARTIAL) or a bad bundle fails it for good.
     """
-    client = compute.client()
+    client = source_client(compute, bundle_store, chain_settings.for_chain(config.chain))
     try:
         manifest = bundle_store.store().read_manifest(
             client.bundle_url(config.job_id, config.from_version_id)
@@ -113,8 +149,12 @@ def resubmit_job() -> None:
     resubmit_outstanding()
 
 
-def resubmit_run_config(job_id: str, version_id: str) -> dg.RunConfig:
+def resubmit_run_config(job_id: str, version_id: str, chain: str = "") -> dg.RunConfig:
     """Run config for :data:`resubmit_job`."""
     return dg.RunConfig(
-        ops={"resubmit_outstanding": ResubmitConfig(job_id=job_id, from_version_id=version_id)}
+        ops={
+            "resubmit_outstanding": ResubmitConfig(
+                job_id=job_id, from_version_id=version_id, chain=chain
+            )
+        }
     )

@@ -31,6 +31,9 @@ class Cursor(BaseModel):
     """The sensor cursor: per-job state, serialised as JSON."""
 
     jobs: dict[str, JobCursor] = Field(default_factory=dict)
+    #: The state table the last tick logged: a tick logs its own only when it differs, so a
+    #: daemon ticking every few seconds over unchanged jobs writes nothing.
+    logged: str = ""
 
     def to_json(self) -> str:
         """Serialise for ``SensorResult(cursor=...)``."""
@@ -59,6 +62,27 @@ class Observed:
     #: Whether the Compute client can run the outstanding items at all, and how it is named.
     can_resubmit: bool = True
     client: str = "the Compute client"
+    #: Runs of the chain for ``latest_version_id`` (retries included): how many failed, whether
+    #: one is queued or running, whether one succeeded (read from the instance by the sensor).
+    chain_failures: int = 0
+    chain_active: bool = False
+    chain_succeeded: bool = False
+
+    @property
+    def chain_said(self) -> str:
+        """What became of the chain run already requested for the latest version, as the end
+        of a sentence (empty when the instance knows of no run yet)."""
+        if self.chain_succeeded:
+            return "; its chain run succeeded"
+        if self.chain_active:
+            return "; its chain run is queued or running"
+        if self.chain_failures:
+            return (
+                f"; its chain FAILED ({self.chain_failures} run(s), retries included), and the "
+                "sensor requests a version once: re-execute the failed run once its cause is "
+                "fixed"
+            )
+        return ""
 
     @classmethod
     def of(cls, job_id: str, status: JobStatus, **read: Any) -> Observed:
@@ -110,7 +134,9 @@ def decide(observed: Observed, cursor: JobCursor, policy: Policy, now: float) ->
         return d
     if observed.state == "SUCCEEDED":
         if v in cursor.chain_requested:
-            d.reasons.append(f"{job}: version {v} is complete and already requested")
+            d.reasons.append(
+                f"{job}: version {v} is complete and already requested{observed.chain_said}"
+            )
         else:
             cursor.chain_requested.append(v)
             d.actions.append(Action("chain", job, v, observed.attempt))

@@ -23,6 +23,18 @@ from resources.settings import (
 )
 
 
+class ChainSource(dg.Config):
+    """What one named chain reads and where it publishes; the settings not named here are the
+    code location's (:class:`ChainSettings`)."""
+
+    job_id: str = ""  # the Compute job it follows (empty: the most recently submitted one)
+    watch_jobs: str = ""  # comma-separated job ids; empty means just ``job_id``
+    bundle_url: str = ""  # a bundle and its newer versions beside it, with no Compute behind
+    credential_ref: str = ""  # registered reference used to download its bundles, if any
+    publish_url: str = ""
+    publish_credential_ref: str = ""
+
+
 class ChainSettings(dg.ConfigurableResource):
     """The Compute job(s) the chain follows, how it trains, and the sensor's PARTIAL policy."""
 
@@ -56,13 +68,20 @@ class ChainSettings(dg.ConfigurableResource):
     # where each output bundle is also published, as <publish_url>/<version_id>/ (empty: not)
     publish_url: str = ""
     publish_credential_ref: str = ""  # registered reference used to write there, if any
+    # the default chain reads a bundle URL through its compute resource; a named chain, here
+    bundle_url: str = ""
+    # the named chains of the code location, each with its own source (the default one has no
+    # name and reads the fields above)
+    chains: dict[str, ChainSource] = Field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, env: LithiEnv) -> ChainSettings:
+    def from_env(cls, env: LithiEnv, chains: dict[str, ChainSource] | None = None) -> ChainSettings:
         """The settings ``env`` describes: each field from the variable of its name, and
-        ``base_delay_seconds`` from ``LITHI_RESUBMIT_DELAY_SECONDS`` (``backoff`` has none)."""
-        named = {f: getattr(env, f) for f in cls.model_fields if f in LithiEnv.model_fields}
-        return cls(**named, base_delay_seconds=env.resubmit_delay_seconds)
+        ``base_delay_seconds`` from ``LITHI_RESUBMIT_DELAY_SECONDS`` (``backoff`` has none);
+        with the named ``chains`` of a chains file, each one's source and publishing."""
+        shared = set(cls.model_fields) - {"chains", "bundle_url"}
+        named = {f: getattr(env, f) for f in shared if f in LithiEnv.model_fields}
+        return cls(**named, base_delay_seconds=env.resubmit_delay_seconds, chains=chains or {})
 
     @property
     def policy(self) -> Policy:
@@ -81,3 +100,14 @@ class ChainSettings(dg.ConfigurableResource):
             return ids
         job = self.resolve_job(client)
         return [job] if job else []
+
+    def for_chain(self, name: str) -> ChainSettings:
+        """The settings of chain ``name``: its own source and publishing, the rest shared;
+        the default chain (no name) reads these settings as they are."""
+        if not name:
+            return self
+        if name not in self.chains:
+            raise KeyError(f"no chain named {name!r} in this code location (known: "
+                           f"{', '.join(sorted(self.chains)) or 'none'})")  # fmt: skip
+        shared = {f: getattr(self, f) for f in type(self).model_fields if f != "chains"}
+        return type(self)(**{**shared, **self.chains[name].model_dump()})

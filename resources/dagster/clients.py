@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import pkgutil
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
 from pydantic import Field
@@ -20,6 +20,9 @@ from resources.compute.bundle_dir import BundleDirectory
 from resources.compute.client import ComputeClient, ComputeError
 from resources.compute.local import LocalCompute
 from resources.credentials import CredentialRegistry
+
+if TYPE_CHECKING:
+    from resources.dagster.chain_settings import ChainSettings
 
 
 class ComputeResource(dg.ConfigurableResource):
@@ -100,3 +103,15 @@ class BundleSourceResource(ComputeResource):
         return BundleDirectory(
             self.bundle_url, self.bundle_store.store(), self.credential_ref or None
         )
+
+
+def source_client(
+    compute: ComputeResource, bundle_store: BundleStoreResource, settings: ChainSettings
+) -> ComputeClient:
+    """The client of one chain's source: the lineage of its bundle URL where it names one (a
+    named chain's ``bundle_url``), else the code location's Compute service."""
+    if settings.bundle_url:
+        return BundleDirectory(
+            settings.bundle_url, bundle_store.store(), settings.credential_ref or None
+        )
+    return compute.client()

@@ -1,10 +1,18 @@
 """The code location loads, and its graph is exactly the chain: a cheap guard against drift."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import dagster as dg
 import pytest
 
 from assets import CHAIN_GROUP
 from pipeline.defs.definitions import build_definitions, defs
+from tests.helpers.timing import limit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Each link's parents: the chain, and the training run beside the predictions it staged.
 PARENTS = {
@@ -92,3 +100,23 @@ def test_lithi_trainer_config_sets_the_run_config_defaults(monkeypatch):
     config = dg.validate_run_config(job, {})["ops"]["training_run"]["config"]
     assert config["auto_features"] is True and config["epochs"] == 2
     assert config["trainer"] == "pipeline.training.reference:ReferenceTrainer"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-c", "import pipeline.defs.definitions"], ["-m", "pipeline.defs.demo", "--help"]],
+    ids=["code-location", "demo-help"],
+)
+def test_loading_the_code_location_says_no_warning(argv, tmp_path):
+    """Every code server, every run and ``demo --help`` load it: a warning there is noise."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LITHI_")}
+    done = subprocess.run(
+        [sys.executable, "-W", "always", *argv],
+        cwd=ROOT,
+        env=env | {"LITHI_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=limit(120),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr

@@ -116,6 +116,26 @@ def test_succeeded_version_is_requested_once():
     assert cursor.chain_requested == [V2]
 
 
+@pytest.mark.parametrize(
+    ("runs", "said"),
+    [
+        ({"chain_succeeded": True}, "; its chain run succeeded"),
+        ({"chain_active": True, "chain_failures": 1}, "; its chain run is queued or running"),
+        ({"chain_failures": 3}, "; its chain FAILED (3 run(s), retries included)"),
+    ],
+    ids=["succeeded", "retrying", "failed"],
+)
+def test_a_requested_version_says_what_became_of_its_chain(runs, said):
+    """After its build failed for good, a version is not "complete and already requested" and
+    nothing more: the reason says it failed, and that the sensor will not request it again."""
+    cursor = JobCursor(chain_requested=[V2])
+    seen = Observed(JOB, "SUCCEEDED", 2, V2, **runs)
+    (reason,) = decide(seen, cursor, POLICY, now=0).reasons
+    assert reason.startswith(f"{JOB}: version {V2} is complete and already requested{said}")
+    if "FAILED" in said:
+        assert "re-execute the failed run" in reason
+
+
 def test_a_newer_succeeded_version_is_requested_too():
     cursor = JobCursor(chain_requested=[V1])
     d = decide(succeeded(V2, 2), cursor, POLICY, now=0)

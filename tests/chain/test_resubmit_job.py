@@ -8,6 +8,7 @@ from resources.compute.client import ComputeError, ComputeUnavailable
 from resources.compute.faults import FaultSpec
 from resources.compute.local import LocalCompute
 from resources.compute.local.jobstore import JobStore
+from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource, ComputeResource
 from tests.helpers.chain import chain_resources, sample_job
 from tests.helpers.dagster_internals import RUN_KEY_TAG
@@ -61,6 +62,7 @@ def test_transient_error_is_retried_and_resubmits_once(tmp_path):
             resources={
                 "compute": BrokenComputeResource(root=str(tmp_path / "compute"), broken="flaky"),
                 "bundle_store": BundleStoreResource(cache_dir=str(tmp_path / "cache")),
+                "chain_settings": ChainSettings(),
             },
             instance=instance,
         )
@@ -98,7 +100,7 @@ def test_a_failed_resubmission_run_is_retried_by_the_sensor(tmp_path):
         tags = {**request.tags, RUN_KEY_TAG: request.run_key}
         return resubmit_job.execute_in_process(
             run_config=request.run_config,
-            resources={k: resources[k] for k in ("compute", "bundle_store")},
+            resources={k: resources[k] for k in ("compute", "bundle_store", "chain_settings")},
             instance=instance,
             tags=tags,
             raise_on_error=False,

@@ -62,3 +62,25 @@ def test_a_partial_job_is_left_to_the_sensor(tmp_path):
         tick = _tick(defs, instance)
     assert tick.run_requests == []
     assert f"{job}: latest version is PARTIAL; the sensor handles it" in tick.skip_message
+
+
+def test_a_version_whose_chain_failed_is_not_requested_again(tmp_path, labelled_samples):
+    """A failed build of unchanged data fails again: the schedule says so instead of
+    re-requesting it every tick."""
+    defs = build_definitions(**labelled_samples.resources(tmp_path, "wine"))
+    job = labelled_samples.jobs["wine"]
+    with dg.instance_for_test() as instance:
+        (request,) = _tick(defs, instance).run_requests
+        version = request.tags["lithi/version_id"]
+        config = dict(request.run_config)
+        config["ops"] = {  # epochs the trainer refuses: the run fails in training_run
+            **config["ops"],
+            "training_run": {"config": {**TrainingConfig().model_dump(), "epochs": 0}},
+        }
+        failed = defs.resolve_job_def(CHAIN_JOB_NAME).execute_in_process(
+            run_config=config, instance=instance, tags=request.tags, raise_on_error=False
+        )
+        assert not failed.success
+        again = _tick(defs, instance)
+    assert again.run_requests == []
+    assert f"{job}: the chain of {version} FAILED (1 run(s)" in again.skip_message

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -331,6 +332,7 @@ def test_a_crash_between_resubmission_and_cursor_update_resubmits_once(tmp_path,
             resources={
                 "compute": compute_resource,
                 "bundle_store": setup.resources["bundle_store"],
+                "chain_settings": setup.resources["chain_settings"],
             },
             instance=instance,
         )
@@ -473,3 +475,31 @@ def test_an_unknown_watched_job_is_reported_and_does_not_stall_the_others(tmp_pa
         t = tick(instance, alone)
         assert t.requests == []
         assert t.skip.startswith("wine-ghost: Compute refused the status call (UnknownJob")
+
+
+class _Said:
+    """What a tick logs (the daemon writes each line to its log)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str) -> None:
+        self.lines.append(msg)
+
+
+def test_ticks_over_unchanged_jobs_log_nothing(tmp_path, wine, instance):
+    """The daemon ticks every few seconds: the state table is logged when it changes only."""
+    setup = start(tmp_path, wine, "wine-quiet")
+    res = setup.resources
+    cursor = None
+    logged = []
+    for _ in range(5):
+        said = _Said()
+        context = SimpleNamespace(cursor=cursor, instance=instance, log=said)
+        result = sensor_tick(context, res["compute"], res["chain_settings"], res["bundle_store"])
+        cursor = result.cursor
+        logged.append([line for line in said.lines if line.startswith("watched jobs")])
+    # the first tick shows the job and its decision; the second, the decision to wait; then
+    # nothing changes and nothing is said
+    assert [len(lines) for lines in logged] == [1, 1, 0, 0, 0]
+    assert "chain" in logged[0][0] and "wait" in logged[1][0]

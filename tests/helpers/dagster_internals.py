@@ -1,10 +1,12 @@
 """The few private Dagster names the tests need, in one place so an upgrade touches one file.
 
 The run tags the daemon stamps on sensor runs and dedupes by (``dagster/_daemon/sensor.py``), and
-the in-process workspace used to run GraphQL queries the way the webserver does.
+the in-process workspace used to run GraphQL queries the way the webserver does, and the kind
+of instigator whose ticks a test counts.
 """
 
 from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._core.workspace.context import WorkspaceProcessContext
@@ -15,6 +17,7 @@ __all__ = [
     "SENSOR_NAME_TAG",
     "InProcessCodeLocationOrigin",
     "InProcessWorkspaceLoadTarget",
+    "InstigatorType",
     "LoadableTargetOrigin",
     "WorkspaceProcessContext",
 ]
