@@ -6,6 +6,7 @@ from assets._group import CHAIN_GROUP
 from assets.chain_keys import DEFAULT_CHAIN, chain_group, chain_key, chain_of
 from assets.compute_versions import compute_versions, compute_versions_asset
 from assets.disjoint_index import disjoint_index, index_disjoint_and_covering
+from assets.model_currency import model_is_current
 from assets.output_bundle import output_bundle, output_bundle_verifies
 from assets.prediction_table import one_row_per_item, prediction_table
 from assets.result_manifest import result_manifest
@@ -19,6 +20,7 @@ CHAIN_CHECKS = [
     manifest_binds_every_file,
     index_disjoint_and_covering,
     iterated_counts_reconcile,
+    model_is_current,
     one_row_per_item,
     output_bundle_verifies,
 ]

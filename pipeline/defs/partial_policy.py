@@ -34,6 +34,9 @@ class Cursor(BaseModel):
     #: The state table the last tick logged: a tick logs its own only when it differs, so a
     #: daemon ticking every few seconds over unchanged jobs writes nothing.
     logged: str = ""
+    #: What ``model_is_current`` last reported (the model's version and the newest complete
+    #: ones): the sensor reports it again only when that changes.
+    currency: str = ""
 
     def to_json(self) -> str:
         """Serialise for ``SensorResult(cursor=...)``."""

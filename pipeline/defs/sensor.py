@@ -8,12 +8,14 @@ Compute side honours, so a crash between "resubmitted" and "cursor saved" cannot
 """
 
 import functools
+import json
 import time
 
 import dagster as dg
 
 from assets.chain_keys import DEFAULT_CHAIN, chain_key
 from assets.compute_versions import observation
+from assets.model_currency import evaluation, model_version
 from pipeline.bundle.errors import BundleError
 from pipeline.bundle.manifest import Manifest
 from pipeline.defs.jobs import (
@@ -134,6 +136,22 @@ def _observations(
     return out
 
 
+def _currency(
+    instance: dg.DagsterInstance | None, cursor: Cursor, chain: str, latest: dict[str, str]
+) -> list[dg.AssetCheckEvaluation]:
+    """``model_is_current`` on the chain's model, when what it would say has changed since it
+    was last reported (and there is a complete version to compare with)."""
+    if instance is None or not latest:
+        return []
+    key = chain_key(chain, "training_run")
+    model = model_version(instance, key)
+    state = json.dumps([model, latest], sort_keys=True)
+    if state == cursor.currency:
+        return []
+    cursor.currency = state
+    return [evaluation(key, model, latest)]
+
+
 def _state_table(rows: list[list[str]]) -> str:
     """The sensor's view of every watched job, as a table for the tick's log."""
     header = ["job", "state", "attempt", "latest version", "outstanding", "decision"]
@@ -164,8 +182,9 @@ def tick(
     policy = settings.policy
     requests: list[dg.RunRequest] = []
     reasons: list[str] = []
-    events: list[dg.AssetObservation] = []
+    events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     rows: list[list[str]] = []
+    latest_complete: dict[str, str] = {}
     for job_id in settings.watched_jobs(client):
         try:
             status = client.status(job_id)
@@ -205,6 +224,8 @@ def tick(
             )
         except (ComputeError, ComputeUnavailable, BundleError) as e:
             reasons.append(f"{job_id}: a version could not be read ({e}); observed next tick")
+        if status.state == "SUCCEEDED" and status.latest_version_id:
+            latest_complete[job_id] = status.latest_version_id
         decision = decide(observed, job_cursor, policy, now)
         requests += [run_request_for(a, chain=chain) for a in decision.actions]
         reasons += decision.reasons
@@ -219,6 +240,7 @@ def tick(
                 what,
             ]
         )
+    events += _currency(context.instance, cursor, chain, latest_complete)
     table = _state_table(rows) if rows else ""
     if table and table != cursor.logged:  # a tick where no job answered changes nothing
         context.log.info("watched jobs:\n" + table)

@@ -117,6 +117,40 @@ def test_the_sensor_rebuilds_when_a_newer_version_lands_beside_it(tmp_path, publ
         assert "train_on_partial is off" in third.skip_message
 
 
+def _currency(result) -> list[dg.AssetCheckEvaluation]:
+    return [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
+
+
+def test_the_model_says_when_a_newer_complete_version_waits_to_be_trained(tmp_path, published):
+    """ "Is my model current?" answered on the model's own page: ``model_is_current`` passes
+    after the chain trained the newest version, and warns, naming both, once a newer one lands
+    (reported by the sensor, with no run), until that one is trained."""
+    defs = build_definitions(_env(tmp_path, str(published)))
+    v1 = verify(published).identity.version_id
+    chain = defs.resolve_job_def(CHAIN_JOB_NAME)
+    with dg.instance_for_test() as instance:
+        first = _tick(defs, instance)
+        assert [(e.passed, e.description) for e in _currency(first)] == [
+            (False, f"no model is trained yet; the newest complete version is {v1} ({v1})")
+        ]
+        result = chain.execute_in_process(
+            instance=instance, run_config=first.run_requests[0].run_config
+        )
+        in_run = {c.check_name: c for c in result.get_asset_check_evaluations()}
+        assert in_run["model_is_current"].passed
+        quiet = _tick(defs, instance, first.cursor)
+        (now_current,) = _currency(quiet)
+        assert now_current.passed and now_current.asset_key == dg.AssetKey("training_run")
+        assert _currency(_tick(defs, instance, quiet.cursor)) == []  # unchanged: not repeated
+        v2 = verify(_newer_version(published, "wine-v2")).identity.version_id
+        second = _tick(defs, instance, quiet.cursor)
+        (outdated,) = _currency(second)
+        assert not outdated.passed and outdated.severity == dg.AssetCheckSeverity.WARN
+        assert outdated.description == (
+            f"trained on {v1}, but the newest complete version is {v2} ({v1})"
+        )
+
+
 @pytest.mark.parametrize(
     ("make", "expected"),
     [

@@ -54,6 +54,7 @@ def test_the_digits_chain_materializes_end_to_end_hashing_each_bundle_once(
             "manifest_binds_every_file",
             "index_disjoint_and_covering",
             "iterated_counts_reconcile",
+            "model_is_current",
             "one_row_per_item",
             "output_bundle_verifies",
         ],

@@ -18,6 +18,7 @@ from pipeline.defs.definitions import build_definitions
 from pipeline.training.record import read_record
 from resources.compute.local import LocalCompute
 from resources.settings import LithiEnv, SettingsError
+from tests.helpers.chain import observations
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,7 +162,7 @@ def test_each_chains_sensor_launches_its_own_job_for_its_own_source(tmp_path, la
             assert request.job_name == f"{chain}_chain_job"
             assert request.tags["lithi/chain"] == chain
             assert request.tags["lithi/job_id"] == labelled_samples.jobs[chain]
-            observed = {e.asset_key.to_user_string() for e in result.asset_events}
+            observed = {e.asset_key.to_user_string() for e in observations(result)}
             assert observed == {f"{chain}/compute_versions"}
             assert labelled_samples.jobs[other] not in str(result.run_requests)
 

@@ -15,6 +15,7 @@ from resources.compute.local import LocalCompute
 from resources.dagster.clients import ComputeResource
 from resources.settings import LithiEnv
 from tests.helpers import custom_compute
+from tests.helpers.chain import observations
 from tests.helpers.refusals import one_line_refusal
 
 CLIENT = "tests.helpers.custom_compute:StudioCompute"
@@ -101,7 +102,7 @@ def test_a_client_may_name_the_manifest_file_instead_of_its_folder(
     with dg.instance_for_test() as instance:
         tick = _tick(defs, instance)
     (request,) = tick.run_requests
-    (observed,) = tick.asset_events
+    (observed,) = observations(tick)
     assert observed.metadata["manifest_url"].value == folder
     res = defs.resources
     read = list(

@@ -30,7 +30,7 @@ CHECKS = {
     "result_manifest": {("result_manifest_complete", True)},
     "verified_snapshot": {("manifest_binds_every_file", True)},
     "disjoint_index": {("index_disjoint_and_covering", True)},
-    "training_run": {("iterated_counts_reconcile", True)},
+    "training_run": {("iterated_counts_reconcile", True), ("model_is_current", False)},
     "prediction_table": {("one_row_per_item", True)},
     "output_bundle": {("output_bundle_verifies", False)},
 }

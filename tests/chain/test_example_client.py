@@ -27,6 +27,7 @@ from pipeline.defs.jobs import RESUBMIT_JOB_NAME, resubmit_run_config
 from pipeline.defs.sensor import SENSOR_NAME
 from resources.compute.local import LocalCompute
 from resources.settings import LithiEnv
+from tests.helpers.chain import observations
 
 CLIENT = "examples.folder_compute:FolderCompute"
 FOLLOWS = "it only follows jobs"
@@ -87,7 +88,7 @@ def test_the_sensor_follows_the_example_client_and_the_chain_reads_its_version(t
         quiet = _tick(defs, instance, first.cursor)
     (request,) = first.run_requests
     assert request.run_key == f"chain:{job}:{v1}"
-    assert [e.metadata["version_id"].value for e in first.asset_events] == [v1]
+    assert [e.metadata["version_id"].value for e in observations(first)] == [v1]
     assert quiet.run_requests == [] and "already requested" in quiet.skip_message
     res = defs.resources
     check, output = result_manifest(
@@ -114,7 +115,7 @@ def test_a_partial_version_is_not_resubmitted_and_the_tick_says_why(tmp_path, pu
             run_config=resubmit_run_config(job, v2), instance=instance, raise_on_error=False
         )
     assert second.run_requests == []
-    assert [e.metadata["version_id"].value for e in second.asset_events] == [v2]
+    assert [e.metadata["version_id"].value for e in observations(second)] == [v2]
     reason = second.skip_message
     assert "\n" not in reason and NO_RESUBMIT in reason
     assert f"{job}: PARTIAL with 3 items outstanding" in reason

@@ -18,7 +18,13 @@ from assets.compute_versions import KEY
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.jobs import RESUBMIT_JOB_NAME, chain_run_config
 from resources.compute.faults import FaultSpec
-from tests.helpers.chain import FAST_TRAINING, chain_resources, sample_job, sensor_tick
+from tests.helpers.chain import (
+    FAST_TRAINING,
+    chain_resources,
+    observations,
+    sample_job,
+    sensor_tick,
+)
 from tests.helpers.graphql import STALENESS, graphql_on, stale_status
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS][1:]  # the six materialized links
@@ -44,7 +50,7 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
     defs = build_definitions(**resources)
     with dg.instance_for_test() as instance, graphql_on(instance) as query:
         first = sensor_tick(defs, instance, None)
-        (partial_obs,) = first.asset_events
+        (partial_obs,) = observations(first)
         v1 = partial_obs.metadata["version_id"].value
         assert partial_obs.metadata["status"].value == "PARTIAL"
         assert partial_obs.metadata["outstanding"].value > 0
@@ -62,7 +68,7 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
             run_config=request.run_config, instance=instance, resources=resources
         ).success
         second = sensor_tick(defs, instance, first.cursor)
-        (done_obs,) = second.asset_events
+        (done_obs,) = observations(second)
         v2 = done_obs.metadata["version_id"].value
         meta = done_obs.metadata
         assert meta["status"].value == "SUCCEEDED" and meta["parent_version_id"].value == v1
@@ -97,4 +103,4 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
         records = instance.fetch_observations(KEY, limit=10).records
         versions = [r.asset_observation.metadata["version_id"].value for r in records]
         assert sorted(versions) == sorted([v1, v2])
-        assert sensor_tick(defs, instance, second.cursor).asset_events == []
+        assert observations(sensor_tick(defs, instance, second.cursor)) == []

@@ -151,6 +151,11 @@ def write_workspace(path: Path) -> Path:
     return path
 
 
+def observations(result) -> list[dg.AssetObservation]:
+    """The versions a sensor tick observed (its other events are check results)."""
+    return [e for e in result.asset_events if isinstance(e, dg.AssetObservation)]
+
+
 def sensor_tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None):
     """One evaluation of the sensor, storing what it observed as the daemon does."""
     sensor = defs.resolve_sensor_def(SENSOR_NAME)
