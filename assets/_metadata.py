@@ -18,6 +18,20 @@ def digest(sha256: str) -> dg.MetadataValue:
     return dg.MetadataValue.md(f"`{sha256[:32]}`  \n`{sha256[32:]}`")
 
 
+def tag_run(context: dg.AssetExecutionContext, tags: dict[str, str]) -> None:
+    """Add ``tags`` to the run ``context`` belongs to (nothing outside a run).
+
+    Full digests go here as well as into the metadata: a tag is shown whole and can be copied
+    from the run's page, and *Runs* filters by it (``tag:lithi/checkpoint_sha256=<digest>``),
+    which no metadata value can do.
+    """
+    try:
+        run_id = context.run.run_id
+    except dg.DagsterError:  # DagsterInvalidPropertyError, not exported
+        return  # an asset body called directly, outside any run (build_asset_context)
+    context.instance.add_run_tags(run_id, tags)
+
+
 def plain(value: object) -> str:
     """The text of a metadata value as :func:`digest` (or any other helper here) wrote it."""
     text = getattr(value, "value", value)

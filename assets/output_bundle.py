@@ -114,6 +114,7 @@ def output_bundle(
     context.log.info(
         f"staged {published.identity.version_id} ({published.identity.content_sha256})"
     )
+    md.tag_run(context, {"lithi/output_sha256": published.identity.content_sha256})
     return dg.Output(
         published,
         metadata={

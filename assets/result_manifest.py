@@ -103,6 +103,7 @@ def result_manifest(
     context.log.info(
         f"{job_id} version {version}: {manifest.counts.items} items, {meta['job_status']}"
     )
+    md.tag_run(context, {"lithi/snapshot_sha256": manifest.snapshot.content_sha256})
     yield dg.Output(
         source, metadata=meta, data_version=dg.DataVersion(manifest.snapshot.content_sha256)
     )

@@ -237,14 +237,8 @@ def _tag_run(context: dg.AssetExecutionContext, trainer_path: str, config: Any) 
     """Name the trainer and its effective config on the run (``lithi/trainer``,
     ``lithi/trainer_config``): a run started from the CLI or a sensor carries no run config of
     its own, so without these the runs list cannot tell which model a run trained."""
-    try:
-        run_id = context.run.run_id
-    except dg.DagsterError:  # DagsterInvalidPropertyError, not exported
-        return  # an asset body called directly, outside any run (build_asset_context)
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
-    context.instance.add_run_tags(
-        run_id, {"lithi/trainer": trainer_path, "lithi/trainer_config": text}
-    )
+    md.tag_run(context, {"lithi/trainer": trainer_path, "lithi/trainer_config": text})
 
 
 def training_run_asset(
@@ -335,6 +329,7 @@ def training_run_asset(
             resumed=summary.resumed,
         )
         record_path = write_record(out, record)
+        md.tag_run(context, {"lithi/checkpoint_sha256": record.checkpoint.sha256})
         meta: dict[str, Any] = {
             **md.identity("snapshot", index.snapshot.identity),
             "index_sha256": md.digest(index.digest),

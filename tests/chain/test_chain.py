@@ -45,6 +45,7 @@ def test_the_digits_chain_materializes_end_to_end_hashing_each_bundle_once(
             run_config=FAST_TRAINING,
             instance=instance,
         )
+        run_tags = instance.get_run_by_id(result.run_id).tags
     hashed = file_bytes_hashed() - before
     assert result.success
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
@@ -67,6 +68,11 @@ def test_the_digits_chain_materializes_end_to_end_hashing_each_bundle_once(
     predictions = _meta(result, "prediction_table")
     output = _meta(result, "output_bundle")
 
+    # every digest whole on the run, where it can be copied and filtered by
+    assert run_tags["lithi/snapshot_sha256"] == manifest["snapshot/content_sha256"]
+    assert run_tags["lithi/checkpoint_sha256"] == training["checkpoint_sha256"]
+    assert run_tags["lithi/output_sha256"] == output["bundle/content_sha256"]
+    assert len(run_tags["lithi/checkpoint_sha256"]) == 64
     assert training["torch_threads"] == 1  # tests/helpers/chain.py sets one thread per rank
     # One identity flows down the chain.
     sha = manifest["snapshot/content_sha256"]
