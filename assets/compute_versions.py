@@ -100,11 +100,18 @@ def _compute_versions_asset(key: dg.AssetKey, group: str) -> dg.SourceAsset:
         status = client.status(jobs[0])
         if status.latest_version_id is None:
             raise dg.Failure(f"{jobs[0]} has published no version yet ({status.state})")
+        store = bundle_store.store()
+        ref = settings.credential_ref or None
         url = client.bundle_url(jobs[0], status.latest_version_id)
-        m = bundle_store.store().read_manifest(url, settings.credential_ref or None)
-        seen = observation(jobs[0], m, url, None, key)
+        m = store.read_manifest(url, ref)
+        # what changed since its parent, as the sensor's observation of it says
+        parent_id = m.job.parent_version_id if m.job is not None else None
+        parent = None
+        if parent_id in status.versions:
+            parent = store.read_manifest(client.bundle_url(jobs[0], parent_id), ref)
+        seen = observation(jobs[0], m, url, parent, key)
         return dg.ObserveResult(
-            metadata={k: v for k, v in seen.metadata.items() if not k.startswith("change")},
+            metadata=dict(seen.metadata),
             data_version=dg.DataVersion(m.snapshot.content_sha256),
         )
 

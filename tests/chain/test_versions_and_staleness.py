@@ -14,7 +14,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets import CHAIN_ASSETS, CHAIN_CHECKS
-from assets.compute_versions import KEY
+from assets.compute_versions import KEY, compute_versions
 from pipeline.defs.definitions import build_definitions
 from pipeline.defs.jobs import RESUBMIT_JOB_NAME, chain_run_config
 from resources.compute.faults import FaultSpec
@@ -25,6 +25,7 @@ from tests.helpers.chain import (
     sample_job,
     sensor_tick,
 )
+from tests.helpers.dagster_internals import observe
 from tests.helpers.graphql import STALENESS, graphql_on, stale_status
 
 CHAIN = [a.key.path[-1] for a in CHAIN_ASSETS][1:]  # the six materialized links
@@ -42,6 +43,18 @@ def _chain(resources, instance, job: str, version: str, partial: bool) -> None:
         [*CHAIN_ASSETS, *CHAIN_CHECKS], resources=resources, run_config=config, instance=instance
     )
     assert result.success
+
+
+CURRENCY = """
+{
+  assetCheckExecutions(
+    assetKey: {path: ["training_run"]}, checkName: "model_is_current", limit: 1
+  ) {
+    status
+    evaluation { success severity description }
+  }
+}
+"""
 
 
 def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
@@ -80,6 +93,13 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
             "compute_versions": "FRESH",  # external: what was observed is current
         }
         assert _causes(query, "result_manifest") == [("has a new data version", "compute_versions")]
+        # Staleness stops at result_manifest; the model's own page says it is outdated
+        (latest,) = query(CURRENCY)["assetCheckExecutions"]
+        assert latest["status"] == "FAILED"
+        assert latest["evaluation"]["severity"] == "WARN"
+        assert latest["evaluation"]["description"] == (
+            f"trained on {v1}, but the newest complete version is {v2} ({job})"
+        )
 
         # Rebuilt from v2: fresh again. Reading v1 again marks every link downstream stale.
         _chain(resources, instance, job, v2, partial=False)
@@ -104,3 +124,10 @@ def test_versions_are_observed_and_a_newer_one_makes_the_chain_stale(tmp_path):
         versions = [r.asset_observation.metadata["version_id"].value for r in records]
         assert sorted(versions) == sorted([v1, v2])
         assert observations(sensor_tick(defs, instance, second.cursor)) == []
+        # Observing by hand records what the sensor did, change lines included
+        (hand,) = observe(
+            [compute_versions], resources=resources, instance=instance
+        ).asset_observations_for_node("compute_versions")
+        assert {k: getattr(v, "value", v) for k, v in hand.metadata.items()} == {
+            k: getattr(v, "value", v) for k, v in meta.items()
+        }

@@ -2,9 +2,10 @@
 
 The run tags the daemon stamps on sensor runs and dedupes by (``dagster/_daemon/sensor.py``), and
 the in-process workspace used to run GraphQL queries the way the webserver does, and the kind
-of instigator whose ticks a test counts.
+of instigator whose ticks a test counts; ``observe``, what the UI's *Observe* button runs.
 """
 
+from dagster._core.definitions.observe import observe
 from dagster._core.remote_origin import InProcessCodeLocationOrigin
 from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
@@ -20,4 +21,5 @@ __all__ = [
     "InstigatorType",
     "LoadableTargetOrigin",
     "WorkspaceProcessContext",
+    "observe",
 ]
