@@ -2,6 +2,7 @@
 
     python -m pipeline.defs.latest output_bundle bundle_path
     python -m pipeline.defs.latest --summary
+    python -m pipeline.defs.latest --summary --chain digits    # a chain declared in LITHI_CHAINS
 
 What a shell script needs after a run (where the output bundle is, which checkpoint digest),
 read from the Dagster instance at ``DAGSTER_HOME``, the same record the UI shows. ``--summary``
@@ -41,10 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--summary", action="store_true", help="one line: the latest output bundle and metrics"
     )
+    ap.add_argument(
+        "--chain", default="", help="a named chain's asset (default: the default chain)"
+    )
     args = ap.parse_args(argv)
-    asset = "output_bundle" if args.summary else args.asset
+    link = "output_bundle" if args.summary else args.asset
+    asset = f"{args.chain}/{link}" if args.chain else link
     with dg.DagsterInstance.get() as instance:
-        event = instance.get_latest_materialization_event(dg.AssetKey(asset))
+        event = instance.get_latest_materialization_event(dg.AssetKey.from_user_string(asset))
     if event is None or event.asset_materialization is None:
         print(f"{asset}: never materialized on this instance", file=sys.stderr)
         return 1

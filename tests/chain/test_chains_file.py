@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from pipeline.defs import latest as latest_cli
 from pipeline.defs.chains_file import ChainsFileError, load_chains_file
 from pipeline.defs.definitions import build_definitions
 from pipeline.training.record import read_record
@@ -111,7 +112,7 @@ def test_the_default_chain_keeps_todays_keys_beside_declared_ones(tmp_path, labe
     assert len(keys) == 21
 
 
-def test_each_chain_runs_its_own_source_with_its_own_config(tmp_path, labelled_samples):
+def test_each_chain_runs_its_own_source_with_its_own_config(tmp_path, labelled_samples, capsys):
     path = _file(tmp_path, TWO_CHAINS.format(**labelled_samples.jobs))
     defs = build_definitions(_env(tmp_path, path, labelled_samples))
     records = {}
@@ -139,6 +140,13 @@ def test_each_chain_runs_its_own_source_with_its_own_config(tmp_path, labelled_s
             records[chain] = read_record(event.asset_materialization.metadata["record"].value)
         # each chain's newest model is its own, whichever ran last
         assert instance.get_latest_materialization_event(dg.AssetKey("training_run")) is None
+        for chain in ("digits", "wine"):  # and a script reads each chain's own summary
+            assert latest_cli.main(["--summary", "--chain", chain]) == 0
+            items = records[chain].reconciliation.items_expected
+            assert f"reconciled {items}/{items}," in capsys.readouterr().out
+        assert records["digits"].reconciliation.items_expected != (
+            records["wine"].reconciliation.items_expected
+        )
     compute = LocalCompute(labelled_samples.compute_root)
     for chain in ("digits", "wine"):
         latest = compute.status(labelled_samples.jobs[chain]).latest_version_id
