@@ -35,15 +35,19 @@ STALENESS = """
 
 
 @contextlib.contextmanager
-def graphql_on(instance: dg.DagsterInstance) -> Iterator[Query]:
-    """A ``query(text, **variables) -> data`` function over ``instance``."""
+def graphql_on(instance: dg.DagsterInstance, *, read_only: bool = True) -> Iterator[Query]:
+    """A ``query(text, **variables) -> data`` function over ``instance`` (``read_only=False``:
+    mutations too, as a webserver started without ``--read-only`` serves them)."""
     origin = InProcessCodeLocationOrigin(
         LoadableTargetOrigin(
             module_name="pipeline.defs.definitions", working_directory=str(REPO_ROOT)
         )
     )
     with WorkspaceProcessContext(
-        instance, InProcessWorkspaceLoadTarget(origin), version=dg.__version__, read_only=True
+        instance,
+        InProcessWorkspaceLoadTarget(origin),
+        version=dg.__version__,
+        read_only=read_only,
     ) as process_context:
         entries = process_context.create_request_context().get_code_location_entries()
         for name, entry in entries.items():
