@@ -95,12 +95,19 @@ def test_a_checkpoint_file_changed_at_the_url_is_refused_by_name(tmp_path, index
     assert not (tmp_path / "step" / OUTCOME).exists()  # nothing vouches for a half-checked run
 
 
+def _beats(url: str) -> int:
+    """The counter at a local ``url``; 0 while a beat is being written (a local file is
+    rewritten in place, so a read can fall between its truncation and its new digits)."""
+    text = Path(url).read_text()
+    return int(text) if text else 0
+
+
 def test_the_heartbeat_rises_while_the_step_waits_and_its_silence_stops_the_job(tmp_path):
     store = BundleStore(tmp_path / "cache")
     url = str(tmp_path / "url" / "heartbeat")
     (tmp_path / "url").mkdir()
     with heartbeat(store, url, every=0.01):
-        wait_until(lambda: int(Path(url).read_text()) >= 3, timeout=limit(30), what="three beats")
+        wait_until(lambda: _beats(url) >= 3, timeout=limit(30), what="three beats")
     last = Path(url).read_text()
     tether = Tether(store, url, timeout=0.1)  # the step is gone: the counter stays put
 
