@@ -50,10 +50,12 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-## The Dagster UI on the demo's instance (created and migrated once first, never raced).
+## The Dagster UI on the demo's instance (created and migrated once first, never raced), with
+## the chain the last demo declared (LITHI_HOME/chains.yaml) unless LITHI_CHAINS names another.
 ui: $(STAMP)
 	$(BIN)/python -m pipeline.defs.instance
-	$(BIN)/dagster dev -w workspace.yaml -p 3000
+	LITHI_CHAINS="$${LITHI_CHAINS:-$$(test -f $(LITHI_HOME)/chains.yaml && echo $(LITHI_HOME)/chains.yaml)}" \
+		$(BIN)/dagster dev -w workspace.yaml -p 3000
 
 bench: $(STAMP)
 	$(BIN)/python bench/verify.py

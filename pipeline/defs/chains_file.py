@@ -104,13 +104,33 @@ class ChainDecl(BaseModel):
         return v
 
 
-class ChainsFile(BaseModel):
-    """The whole file: the chains, and whether the default (unprefixed) chain is kept."""
+class DefaultChainDecl(BaseModel):
+    """The default (unprefixed) chain's trainer and config, declared here instead of in
+    ``LITHI_TRAINER`` / ``LITHI_TRAINER_CONFIG``; its source stays ``LITHI_JOB_ID`` (else the
+    most recently submitted job) or ``LITHI_BUNDLE_URL``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    default_chain: bool = True
-    chains: list[ChainDecl] = Field(min_length=1)
+    trainer: str = REFERENCE_TRAINER
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    _trainer = field_validator("trainer")(ChainDecl._trainer.__func__)  # type: ignore[attr-defined]
+
+
+class ChainsFile(BaseModel):
+    """The whole file: the chains, and the default (unprefixed) chain: kept (``true``), left
+    out (``false``), or kept with its trainer and config declared here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_chain: bool | DefaultChainDecl = True
+    chains: list[ChainDecl] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _some_chain(self) -> ChainsFile:
+        if self.default_chain is False and not self.chains:
+            raise ValueError("declares no chain: list chains, or keep the default chain")
+        return self
 
     @field_validator("chains")
     @classmethod
@@ -141,32 +161,58 @@ def load_chains_file(path: str | Path) -> ChainsFile:
     try:
         return ChainsFile.model_validate(data if data is not None else {})
     except ValidationError as e:
-        first = e.errors()[0]
-        raise ChainsFileError(_located(path, root, first, len(e.errors()))) from None
+        errors = e.errors()
+        # a value that fits no member of a union fails each: the deepest says the most
+        first = max(errors, key=lambda err: len(err["loc"]))
+        raise ChainsFileError(_located(path, root, first, _problems(errors))) from None
 
 
 def check_trainer_configs(chains: ChainsFile, path: str | Path, build: Any) -> None:
     """Build each chain's ``training_run`` config with ``build(trainer, config)`` (the asset
     factory), so a config its trainer refuses stops the load naming the chain's ``config``."""
     root = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)
-    for i, chain in enumerate(chains.chains):
+    declared: list[tuple[tuple, str, str, dict]] = [
+        (("chains", i, "config"), f"chains[{i}].config", c.trainer, c.config)
+        for i, c in enumerate(chains.chains)
+    ]
+    if isinstance(chains.default_chain, DefaultChainDecl):
+        d = chains.default_chain
+        declared.insert(
+            0, (("default_chain", "config"), "default_chain.config", d.trainer, d.config)
+        )
+    for loc, field, trainer, config in declared:
         try:
-            build(chain.trainer, chain.config)
+            build(trainer, config)
         except TrainerError as e:
-            node = _node_at(root, ("chains", i, "config"))
+            node = _node_at(root, loc)
             line = f"{node.start_mark.line + 1}: " if node is not None else ""
-            raise ChainsFileError(f"{path}:{line}chains[{i}].config: {e}") from None
+            raise ChainsFileError(f"{path}:{line}{field}: {e}") from None
 
 
 def _located(path: Path, root: yaml.Node | None, err: ErrorDetails, count: int) -> str:
     """One line for a validation error: where it is in the file, which field, what was wrong."""
-    loc = tuple(err["loc"])
+    loc = tuple(p for p in err["loc"] if p not in _UNION_MEMBERS)
     node = _node_at(root, loc)
     line = f"{node.start_mark.line + 1}: " if node is not None else " "
     field = _dotted(loc) or "(the file)"
     more = f" (and {count - 1} more)" if count > 1 else ""
     what = "unknown field" if err["type"] == "extra_forbidden" else problem(err)
     return f"{path}:{line}{field}: {what}{more}"
+
+
+#: The names pydantic puts in an error's location for the member of a union it tried.
+_UNION_MEMBERS = {"bool", "DefaultChainDecl"}
+
+
+def _problems(errors: list[ErrorDetails]) -> int:
+    """How many things are wrong: the failures of one value against each member of a union
+    count once."""
+    found = set()
+    for err in errors:
+        loc = tuple(err["loc"])
+        cut = next((i for i, p in enumerate(loc) if p in _UNION_MEMBERS), len(loc))
+        found.add(loc[:cut])
+    return len(found)
 
 
 def _dotted(loc: tuple) -> str:

@@ -13,7 +13,12 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 )
 
 from assets import chain_assets, chain_checks, training_run_asset
-from pipeline.defs.chains_file import ChainsFile, check_trainer_configs, load_chains_file
+from pipeline.defs.chains_file import (
+    ChainsFile,
+    DefaultChainDecl,
+    check_trainer_configs,
+    load_chains_file,
+)
 from pipeline.defs.jobs import chain_job_for, resubmit_job
 from pipeline.defs.schedule import chain_schedule
 from pipeline.defs.sensor import partial_sensor
@@ -99,13 +104,21 @@ def chain_sources(declared: ChainsFile | None) -> dict[str, ChainSource]:
 def build_definitions(env: LithiEnv | None = None, **resource_overrides: object) -> dg.Definitions:
     """Assemble the code location from ``env`` (default: the environment); tests override.
 
-    The default chain comes from the ``LITHI_*`` variables; ``LITHI_CHAINS`` adds the chains
-    its YAML file declares, each with its own keys, group, job, sensor and schedule.
+    The default chain comes from the ``LITHI_*`` variables (its trainer and config from the
+    chains file where it declares them); ``LITHI_CHAINS`` adds the chains its YAML file
+    declares, each with its own keys, group, job, sensor and schedule.
     """
     env = env or LithiEnv.load()
     declared = load_chains_file(env.chains) if env.chains else None
+    if declared is not None:
+        assert env.chains is not None
+        check_trainer_configs(declared, env.chains, training_run_asset)
     parts: list[ChainParts] = []
-    if declared is None or declared.default_chain:
+    if declared is not None and isinstance(declared.default_chain, DefaultChainDecl):
+        # declared in the file: its trainer and config, checked with the file above
+        default = declared.default_chain
+        parts.append(chain_parts("", default.trainer, default.config, env.chain_cron))
+    elif declared is None or declared.default_chain:
         try:
             load_trainer(env.trainer)
         except TrainerError as e:
@@ -115,8 +128,6 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
         except TrainerError as e:
             raise SettingsError(f"LITHI_TRAINER_CONFIG={env.trainer_config!r}: {e}") from None
     if declared is not None:
-        assert env.chains is not None
-        check_trainer_configs(declared, env.chains, training_run_asset)
         parts += [
             chain_parts(c.name, c.trainer, c.config, c.cron or env.chain_cron)
             for c in declared.chains

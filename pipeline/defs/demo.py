@@ -20,7 +20,9 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import yaml
 
+from pipeline.bundle.atomic import atomic_write_text
 from pipeline.defs import samples
 from pipeline.defs.daemon import start_daemon, stop_daemon, wait_for_chain
 from pipeline.defs.instance import prepare_instance
@@ -163,6 +165,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
+#: Where the demo declares its chain; `make ui` reads it from there.
+DEMO_CHAINS = "chains.yaml"
+
+
+def write_demo_chains(home: Path, trainer: str, config: dict) -> Path:
+    """Declare the demo's chain (the default one, its trainer and config) in ``home``."""
+    path = home / DEMO_CHAINS
+    text = yaml.safe_dump({"default_chain": {"trainer": trainer, "config": config}})
+    atomic_write_text(path, "# written by `make demo`; `make ui` reads it\n" + text)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; exit 0 only if the chain succeeded from a complete bundle and reconciled."""
     p = argparse.ArgumentParser(
@@ -249,13 +263,18 @@ def main(argv: list[str] | None = None) -> int:
             else 1
         ),
         "LITHI_WORLD_SIZE": str(args.world_size),
-        # Train on the sample's feature columns, named explicitly, unless told otherwise.
-        "LITHI_TRAINER_CONFIG": (
-            settings.trainer_config
-            if "trainer_config" in settings.model_fields_set
-            else json.dumps({"features": samples.sample_features(args.sample)})
-        ),
     }
+    if "chains" not in settings.model_fields_set:
+        # The chain is declared in a file (the sample's feature columns, named, unless told
+        # otherwise), not in this process's environment: `make ui` reads the same file, so a
+        # Materialize there trains as the demo did.
+        config = (
+            json.loads(settings.trainer_config)
+            if "trainer_config" in settings.model_fields_set
+            else {"features": samples.sample_features(args.sample)}
+        )
+        env["LITHI_CHAINS"] = str(write_demo_chains(home, settings.trainer, config))
+        env.pop("LITHI_TRAINER_CONFIG", None)
     log_path = home / "logs" / f"daemon-{job_id}.log"
     import pipeline.defs.definitions  # noqa: F401 - fail here, loudly, if the code location is broken
 

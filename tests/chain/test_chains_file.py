@@ -17,7 +17,10 @@ from assets import CHAIN_ASSETS
 from pipeline.defs import latest as latest_cli
 from pipeline.defs.chains_file import ChainsFileError, load_chains_file
 from pipeline.defs.definitions import build_definitions
+from pipeline.defs.demo import write_demo_chains
+from pipeline.defs.samples import sample_features
 from pipeline.training.record import read_record
+from pipeline.training.trainer import REFERENCE_TRAINER
 from resources.compute.local import LocalCompute
 from resources.settings import LithiEnv, SettingsError
 from tests.helpers.chain import observations
@@ -184,8 +187,21 @@ def test_each_chains_sensor_launches_its_own_job_for_its_own_source(tmp_path, la
         ),
         ("chains:\n  - name: Digits!\n    source: {job_id: job-1}\n", ":2: chains[0].name: "),
         ("chains: [\n", "not YAML"),
+        ("default_chain:\n  trainer: nowhere.at_all:T\n", ":2: default_chain.trainer: "),
+        ("default_chain:\n  config: {}\n  epochs: 2\n", ":3: default_chain.epochs: unknown field"),
+        ("default_chain: false\n", "declares no chain"),
     ],
-    ids=["unknown-field", "bad-type", "unknown-trainer", "two-sources", "bad-name", "not-yaml"],
+    ids=[
+        "unknown-field",
+        "bad-type",
+        "unknown-trainer",
+        "two-sources",
+        "bad-name",
+        "not-yaml",
+        "default-trainer",
+        "default-field",
+        "no-chain",
+    ],
 )
 def test_a_mistake_stops_the_load_in_one_line_naming_file_line_and_field(tmp_path, text, said):
     path = _file(tmp_path, text)
@@ -206,3 +222,28 @@ def test_a_config_its_trainer_refuses_stops_the_load_at_the_chains_config(
     message = str(caught.value)
     assert message.startswith(f"{path}:4: chains[0].config: "), message
     assert "epochs" in message and "\n" not in message
+
+
+def test_the_default_chain_can_be_declared_and_a_plain_materialize_trains_it(
+    tmp_path, labelled_samples
+):
+    """What `make demo` writes and `make ui` reads: the default chain's trainer and config in
+    the file, so a Materialize with no run config trains as the demo did."""
+    path = write_demo_chains(
+        tmp_path, REFERENCE_TRAINER, {"features": sample_features("wine"), "epochs": 2}
+    )
+    env = _env(tmp_path, path, labelled_samples, job_id=labelled_samples.jobs["wine"])
+    defs = build_definitions(env)
+    assert {"training_run", "result_manifest"} <= _keys(defs)
+    job = defs.resolve_job_def("compute_chain_job")
+    config = dg.validate_run_config(job, {})["ops"]["training_run"]["config"]
+    assert config["features"] == sample_features("wine") and config["epochs"] == 2
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(instance=instance).success
+
+
+def test_a_default_chain_config_its_trainer_refuses_stops_the_load(tmp_path, labelled_samples):
+    path = _file(tmp_path, "default_chain:\n  config: {epochs: 0}\n")
+    with pytest.raises(SettingsError) as caught:
+        build_definitions(_env(tmp_path, path, labelled_samples))
+    assert str(caught.value).startswith(f"{path}:2: default_chain.config: ")

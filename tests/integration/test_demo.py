@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from pipeline.bundle.verify import verify
 from pipeline.defs import samples
@@ -74,6 +75,10 @@ def test_demo_ends_with_a_reconciled_summary_and_exit_0(tmp_path, storage):
     assert "reconciled: True  iterated 178 of 178" in text
     assert "output bundle: prediction-" in text
     assert "accuracy vs true labels" in text
+
+    # The chain it trained is declared where `make ui` reads it, not only in its daemon's env
+    declared = yaml.safe_load((home / "chains.yaml").read_text())
+    assert declared["default_chain"]["config"] == {"features": samples.sample_features("wine")}
 
     (summary_file,) = (home / "logs").glob("summary-*.json")
     summary = json.loads(summary_file.read_text())
