@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from pipeline.bundle.errors import problem
@@ -69,15 +77,44 @@ class SourceDecl(BaseModel):
         return self
 
 
-class ChainDecl(BaseModel):
-    """One chain: its name, source, trainer and the trainer's config."""
+class _TrainedDecl(BaseModel):
+    """A trainer and its config, the config checked by the trainer when the file is read (a
+    config it refuses stops the load at the ``config`` field)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    source: SourceDecl
     trainer: str = REFERENCE_TRAINER
     config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
+            raise ValueError("expected an import path 'package.module:Name'")
+        try:
+            load_trainer(v)
+        except TrainerError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _config(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        trainer = info.data.get("trainer")
+        if trainer is None:  # the trainer itself was refused: that is the error to say
+            return v
+        try:
+            load_trainer(trainer).parse_config(v)
+        except TrainerError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
+class ChainDecl(_TrainedDecl):
+    """One chain: its name, source, trainer and the trainer's config."""
+
+    name: str
+    source: SourceDecl
     cron: str = ""  # its schedule; empty: the code location's (LITHI_CHAIN_CRON)
     publish_url: str = ""
     publish_credential_ref: str = ""
@@ -92,29 +129,11 @@ class ChainDecl(BaseModel):
             )
         return v
 
-    @field_validator("trainer")
-    @classmethod
-    def _trainer(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
-            raise ValueError("expected an import path 'package.module:Name'")
-        try:
-            load_trainer(v)
-        except TrainerError as e:
-            raise ValueError(str(e)) from None
-        return v
 
-
-class DefaultChainDecl(BaseModel):
+class DefaultChainDecl(_TrainedDecl):
     """The default (unprefixed) chain's trainer and config, declared here instead of in
     ``LITHI_TRAINER`` / ``LITHI_TRAINER_CONFIG``; its source stays ``LITHI_JOB_ID`` (else the
     most recently submitted job) or ``LITHI_BUNDLE_URL``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    trainer: str = REFERENCE_TRAINER
-    config: dict[str, Any] = Field(default_factory=dict)
-
-    _trainer = field_validator("trainer")(ChainDecl._trainer.__func__)  # type: ignore[attr-defined]
 
 
 class ChainsFile(BaseModel):
@@ -165,28 +184,6 @@ def load_chains_file(path: str | Path) -> ChainsFile:
         # a value that fits no member of a union fails each: the deepest says the most
         first = max(errors, key=lambda err: len(err["loc"]))
         raise ChainsFileError(_located(path, root, first, _problems(errors))) from None
-
-
-def check_trainer_configs(chains: ChainsFile, path: str | Path, build: Any) -> None:
-    """Build each chain's ``training_run`` config with ``build(trainer, config)`` (the asset
-    factory), so a config its trainer refuses stops the load naming the chain's ``config``."""
-    root = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)
-    declared: list[tuple[tuple, str, str, dict]] = [
-        (("chains", i, "config"), f"chains[{i}].config", c.trainer, c.config)
-        for i, c in enumerate(chains.chains)
-    ]
-    if isinstance(chains.default_chain, DefaultChainDecl):
-        d = chains.default_chain
-        declared.insert(
-            0, (("default_chain", "config"), "default_chain.config", d.trainer, d.config)
-        )
-    for loc, field, trainer, config in declared:
-        try:
-            build(trainer, config)
-        except TrainerError as e:
-            node = _node_at(root, loc)
-            line = f"{node.start_mark.line + 1}: " if node is not None else ""
-            raise ChainsFileError(f"{path}:{line}{field}: {e}") from None
 
 
 def _located(path: Path, root: yaml.Node | None, err: ErrorDetails, count: int) -> str:

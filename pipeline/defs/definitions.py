@@ -12,11 +12,10 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,  # what define_asset_job returns; not exported by name
 )
 
-from assets import chain_assets, chain_checks, training_run_asset
+from assets import chain_assets, chain_checks
 from pipeline.defs.chains_file import (
     ChainsFile,
     DefaultChainDecl,
-    check_trainer_configs,
     load_chains_file,
 )
 from pipeline.defs.jobs import chain_job_for, resubmit_job
@@ -110,12 +109,9 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
     """
     env = env or LithiEnv.load()
     declared = load_chains_file(env.chains) if env.chains else None
-    if declared is not None:
-        assert env.chains is not None
-        check_trainer_configs(declared, env.chains, training_run_asset)
     parts: list[ChainParts] = []
     if declared is not None and isinstance(declared.default_chain, DefaultChainDecl):
-        # declared in the file: its trainer and config, checked with the file above
+        # declared in the file: its trainer and config, checked as the file was read
         default = declared.default_chain
         parts.append(chain_parts("", default.trainer, default.config, env.chain_cron))
     elif declared is None or declared.default_chain:
