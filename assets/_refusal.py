@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets import _metadata as md
+
 #: The run tag Dagster's run retries read: ``false`` retries no run that failed in a step.
 RETRY_ON_STEP_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
 
 
 def refusal(context: dg.AssetExecutionContext, message: str) -> dg.Failure:
     """The failure to raise for ``message``, after marking the run as not to be retried."""
-    try:
-        run_id = context.run.run_id
-    except dg.DagsterError:  # an asset body called directly, outside any run
-        run_id = None
-    if run_id is not None:
-        context.instance.add_run_tags(run_id, {RETRY_ON_STEP_FAILURE_TAG: "false"})
+    md.tag_run(context, {RETRY_ON_STEP_FAILURE_TAG: "false"})
     return dg.Failure(message, allow_retries=False)

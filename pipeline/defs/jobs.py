@@ -68,6 +68,19 @@ def _chain_job(chain: str) -> UnresolvedAssetJobDefinition:
 chain_job = chain_job_for()
 
 
+def chain_runs(
+    instance: dg.DagsterInstance, job_id: str, version_id: str, chain: str = DEFAULT_CHAIN
+) -> list[dg.DagsterRun]:
+    """Every run of ``chain`` recorded for one version of one job (by the sensor, schedule or
+    hand)."""
+    return instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=chain_job_name(chain),
+            tags={"lithi/job_id": job_id, "lithi/version_id": version_id},
+        )
+    )
+
+
 def chain_run_config(job_id: str, version_id: str, allow_partial: bool = False) -> dg.RunConfig:
     """Run config that pins the chain to one exact result version of one Compute job."""
     return dg.RunConfig(

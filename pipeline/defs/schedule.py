@@ -16,7 +16,7 @@ import functools
 import dagster as dg
 
 from assets import DEFAULT_CHAIN
-from pipeline.defs.jobs import FINISHED_RUN_STATUSES, chain_job_for, chain_job_name
+from pipeline.defs.jobs import FINISHED_RUN_STATUSES, chain_job_for, chain_runs
 from pipeline.defs.partial_policy import Action
 from pipeline.defs.sensor import run_request_for
 from resources.compute.client import ComputeError, ComputeUnavailable
@@ -25,19 +25,6 @@ from resources.dagster.clients import BundleStoreResource, ComputeResource, sour
 from resources.settings import SettingsError
 
 SCHEDULE_NAME = "compute_chain_schedule"
-
-
-def chain_runs(
-    instance: dg.DagsterInstance, job_id: str, version_id: str, chain: str = DEFAULT_CHAIN
-) -> list[dg.DagsterRun]:
-    """Every run of ``chain`` recorded for one version of one job (by the sensor, schedule or
-    hand)."""
-    return instance.get_runs(
-        filters=dg.RunsFilter(
-            job_name=chain_job_name(chain),
-            tags={"lithi/job_id": job_id, "lithi/version_id": version_id},
-        )
-    )
 
 
 def schedule_tick(

@@ -24,6 +24,7 @@ from pipeline.defs.jobs import (
     chain_job_for,
     chain_job_name,
     chain_run_config,
+    chain_runs,
     resubmit_job,
     resubmit_run_config,
 )
@@ -94,12 +95,7 @@ def _chain_runs(
     one succeeded."""
     if instance is None or version_id is None:
         return 0, False, False
-    runs = instance.get_runs(
-        filters=dg.RunsFilter(
-            job_name=chain_job_name(chain),
-            tags={"lithi/job_id": job_id, "lithi/version_id": version_id},
-        )
-    )
+    runs = chain_runs(instance, job_id, version_id, chain)
     failed = sum(r.status == dg.DagsterRunStatus.FAILURE for r in runs)
     active = any(r.status not in FINISHED_RUN_STATUSES for r in runs)
     return failed, active, any(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
