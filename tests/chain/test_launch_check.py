@@ -10,8 +10,13 @@ import dagster as dg
 import pytest
 import yaml
 
+from pipeline.bundle.manifest import Schema, SchemaField
+from pipeline.defs.definitions import build_definitions, defs
 from pipeline.defs.instance import PROJECT_YAML
-from pipeline.defs.launch_check import config_problem
+from pipeline.defs.jobs import CHAIN_JOB_NAME
+from pipeline.defs.launch_check import RecordedSchema, config_problem, trainer_defaults
+from resources.compute.local import LocalCompute
+from tests.helpers.dagster_internals import JobSnap
 from tests.helpers.graphql import graphql_on
 
 TRAINER = "pipeline.training.reference:ReferenceTrainer"
@@ -75,7 +80,7 @@ def test_the_launchpad_refuses_it_and_queues_a_good_one(tmp_path, monkeypatch):
         selector = {
             "repositoryLocationName": repo["location"]["name"],
             "repositoryName": repo["name"],
-            "jobName": "compute_chain_job",
+            "jobName": CHAIN_JOB_NAME,
         }
         bad = query(LAUNCH, params={"selector": selector, "runConfigData": _ops(epochs=0)})
         good = query(LAUNCH, params={"selector": selector, "runConfigData": _ops(epochs=2)})
@@ -87,3 +92,87 @@ def test_the_launchpad_refuses_it_and_queues_a_good_one(tmp_path, monkeypatch):
     assert failed.tags["dagster/max_retries"] == "0"  # refused again by any retry: none
     assert good["launchRun"]["__typename"] == "LaunchRunSuccess"
     assert runs[good["launchRun"]["run"]["runId"]].status == dg.DagsterRunStatus.QUEUED
+
+
+def test_a_run_that_leaves_the_trainer_to_the_chain_is_judged_with_its_defaults():
+    """The Launchpad need not repeat the trainer's path: the job's own defaults supply it."""
+    defaults = trainer_defaults(JobSnap.from_job_def(defs.resolve_job_def(CHAIN_JOB_NAME)))
+    assert set(defaults) == {"training_run"}
+    assert defaults["training_run"]["trainer"] == TRAINER
+    given = {"ops": {"training_run": {"config": {"epochs": 0}}}}
+    assert config_problem(given) is None  # without the defaults nothing says it trains
+    problem = config_problem(given, defaults)
+    assert problem is not None and problem.startswith("training_run: epochs=0 is refused by")
+    # the chain's own config, given nothing: checked when the location loaded, not again
+    assert config_problem({}, defaults) is None
+
+
+def _recorded(*columns: str) -> RecordedSchema:
+    fields = [SchemaField(name="item_id", type="string", nullable=False)]
+    fields += [SchemaField(name=c, type="float64", nullable=False) for c in columns]
+    fields += [SchemaField(name="lithi_label", type="int64", nullable=True)]
+    return RecordedSchema(Schema(fields=fields), "item_id", job_id="j", version_id="v1")
+
+
+def test_a_feature_the_bundle_lacks_is_named_with_the_schema_it_was_checked_on():
+    recorded = _recorded("alcohol", "hue")
+    schemas = {"": recorded}.get
+    problem = config_problem(_ops(features=["alcohol", "colour"]), schemas=schemas)
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith("training_run: ") and "'colour'" in problem
+    assert problem.endswith("; the bundle as result_manifest last read it: j version v1")
+    assert config_problem(_ops(features=["alcohol", "hue"]), schemas=schemas) is None
+    # a named chain's op reads its own chain's schema
+    assert (
+        config_problem(_ops("digits__training_run", features=["colour"]), schemas=schemas) is None
+    )
+    digits = {"digits": recorded}.get
+    assert "'colour'" in config_problem(
+        _ops("digits__training_run", features=["colour"]), schemas=digits
+    )
+
+
+def test_a_run_pinning_a_version_nobody_recorded_is_left_to_the_step():
+    schemas = {"": _recorded("alcohol")}.get
+    config = _ops(features=["colour"])
+    for pin in ({"version_id": "v2"}, {"job_id": "other"}):
+        pinned = {"ops": {**config["ops"], "result_manifest": {"config": pin}}}
+        assert config_problem(pinned, schemas=schemas) is None
+    same = {"ops": {**config["ops"], "result_manifest": {"config": {"version_id": "v1"}}}}
+    assert config_problem(same, schemas=schemas) is not None
+
+
+def test_the_launchpad_refuses_a_feature_the_bundle_lacks(tmp_path, monkeypatch, labelled_samples):
+    """After the chain read a manifest, the Launchpad's feature names are checked against it."""
+    monkeypatch.setenv("LITHI_HOME", str(tmp_path / "home"))
+    settings = yaml.safe_load(PROJECT_YAML.read_text())
+    job = labelled_samples.jobs["wine"]
+    version = LocalCompute(labelled_samples.compute_root).status(job).latest_version_id
+    read = build_definitions(**labelled_samples.resources(tmp_path, "wine"))
+    with (
+        dg.instance_for_test(
+            overrides={"run_coordinator": settings["run_coordinator"]}
+        ) as instance,
+        graphql_on(instance, read_only=False) as query,
+    ):
+        read.resolve_job_def(CHAIN_JOB_NAME).execute_in_process(
+            run_config={"ops": {"result_manifest": {"config": {"job_id": job}}}},
+            asset_selection=[dg.AssetKey("result_manifest")],
+            instance=instance,
+        )
+        (repo,) = query(LOCATION)["repositoriesOrError"]["nodes"]
+        selector = {
+            "repositoryLocationName": repo["location"]["name"],
+            "repositoryName": repo["name"],
+            "jobName": CHAIN_JOB_NAME,
+        }
+        # no trainer path: the Launchpad gives only what the user typed
+        typed = {"ops": {"training_run": {"config": {"features": ["alcohol", "colour"]}}}}
+        bad = query(LAUNCH, params={"selector": selector, "runConfigData": typed})
+        fine = {"ops": {"training_run": {"config": {"auto_features": True}}}}
+        good = query(LAUNCH, params={"selector": selector, "runConfigData": fine})
+    refused = bad["launchRun"]
+    assert refused["__typename"] == "PythonError", refused
+    line = refused["message"].strip().splitlines()[-1]
+    assert "'colour'" in line and line.endswith(f"last read it: {job} version {version}"), line
+    assert good["launchRun"]["__typename"] == "LaunchRunSuccess", good
