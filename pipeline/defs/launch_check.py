@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from assets.chain_keys import DEFAULT_CHAIN, chain_key
 from pipeline.bundle.manifest import Schema, SchemaField
+from pipeline.defs.run_labels import relabelled
 from pipeline.training.trainer import TrainerError, load_trainer
 
 TRAINER_FIELD = "trainer"
@@ -179,14 +180,18 @@ def config_problem(
 
 
 class CheckedRunCoordinator(QueuedRunCoordinator):
-    """Dagster's queued run coordinator, refusing a run whose trainer config cannot work
+    """Dagster's queued run coordinator, labelling a re-execution as one (the tags it copied
+    from its parent say what started the parent) and refusing a run whose trainer config cannot work
     (see the module doc) before it is queued: the launch fails with that line, the run is
     marked failed, and nothing runs or retries."""
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
-        """Check, then queue."""
+        """Label a re-execution as one, check, then queue."""
         run = context.dagster_run
         instance = self._instance
+        label = relabelled(run.tags)
+        if label:  # on the Runs page from the moment it is launched (see run_labels)
+            instance.add_run_tags(run.run_id, label)
         job = instance.get_job_snapshot(run.job_snapshot_id) if run.job_snapshot_id else None
         problem = config_problem(
             run.run_config or {},

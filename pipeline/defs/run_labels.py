@@ -1,10 +1,11 @@
 """What a re-executed run says started it.
 
 Dagster copies a run's tags into its re-executions and retries, so a chain run re-executed from
-the UI would still read ``lithi/trigger: newer_manifest``, as if the sensor had launched it. The
-chain jobs carry a hook that, once a step of such a run ends, relabels it: ``reexecution`` (a
-person, from the UI or the CLI) or ``retry`` (the daemon's run retries), keeping what started
-the run it re-executes in ``lithi/first_trigger``.
+the UI would still read ``lithi/trigger: newer_manifest``, as if the sensor had launched it. Such
+a run is relabelled ``reexecution`` (a person, from the UI or the CLI) or ``retry`` (the daemon's
+run retries), keeping what started the run it re-executes in ``lithi/first_trigger``: by the
+project's run coordinator as it is launched (``launch_check``), and, on an instance without it,
+by a hook on the chain jobs once a step of the run ends.
 """
 
 from __future__ import annotations

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import dagster as dg
+import yaml
 
 from pipeline.defs.definitions import build_definitions
+from pipeline.defs.instance import PROJECT_YAML
 from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
 from pipeline.defs.run_labels import relabelled
 from resources.compute.local import LocalCompute
+from tests.helpers.graphql import graphql_on
 
 SENSOR_TAGS = {"lithi/trigger": "newer_manifest", "lithi/job_id": "j", "lithi/version_id": "v"}
 
@@ -64,3 +67,61 @@ def test_the_chain_job_relabels_a_run_carrying_its_parents_tags(tmp_path, labell
     assert tags_first["lithi/trigger"] == "newer_manifest"
     assert tags_rerun["lithi/trigger"] == "reexecution"
     assert tags_rerun["lithi/first_trigger"] == "newer_manifest"
+
+
+LAUNCH = """
+mutation($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+REEXECUTE = """
+mutation($params: ReexecutionParams!) {
+  launchPipelineReexecution(reexecutionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+LOCATION = """
+{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }
+"""
+
+
+def test_the_uis_reexecute_is_labelled_as_soon_as_it_is_launched(tmp_path, monkeypatch):
+    """What the run page's Re-execute button sends, through the project's instance settings:
+    the new run says ``reexecution`` while it is still queued, before any step could run."""
+    monkeypatch.setenv("LITHI_HOME", str(tmp_path / "home"))
+    settings = yaml.safe_load(PROJECT_YAML.read_text())
+    with (
+        dg.instance_for_test(overrides={"run_coordinator": settings["run_coordinator"]}) as inst,
+        graphql_on(inst, read_only=False) as query,
+    ):
+        (repo,) = query(LOCATION)["repositoriesOrError"]["nodes"]
+        params = {
+            "selector": {
+                "repositoryLocationName": repo["location"]["name"],
+                "repositoryName": repo["name"],
+                "jobName": CHAIN_JOB_NAME,
+            },
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in SENSOR_TAGS.items()]},
+        }
+        first = query(LAUNCH, params=params)["launchRun"]
+        assert first["__typename"] == "LaunchRunSuccess", first
+        parent = first["run"]["runId"]
+        assert inst.get_run_by_id(parent).tags["lithi/trigger"] == "newer_manifest"
+        inst.report_run_failed(inst.get_run_by_id(parent))  # as a failed build ends
+        again = query(REEXECUTE, params={"parentRunId": parent, "strategy": "ALL_STEPS"})
+        again = again["launchPipelineReexecution"]
+        assert again["__typename"] == "LaunchRunSuccess", again
+        run = inst.get_run_by_id(again["run"]["runId"])
+    assert run.status == dg.DagsterRunStatus.QUEUED
+    assert run.tags["dagster/parent_run_id"] == parent
+    assert run.tags["lithi/trigger"] == "reexecution"
+    assert run.tags["lithi/first_trigger"] == "newer_manifest"
