@@ -17,7 +17,7 @@ from pipeline.defs.jobs import CHAIN_JOB_NAME
 from pipeline.defs.launch_check import RecordedSchema, config_problem, trainer_defaults
 from resources.compute.local import LocalCompute
 from tests.helpers.dagster_internals import JobSnap
-from tests.helpers.graphql import graphql_on
+from tests.helpers.graphql import graphql_on, launch
 
 TRAINER = "pipeline.training.reference:ReferenceTrainer"
 
@@ -51,21 +51,6 @@ def test_an_unknown_trainer_is_refused():
     assert problem is not None and "cannot import" in problem
 
 
-LAUNCH = """
-mutation($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId status } }
-    ... on PythonError { message }
-  }
-}
-"""
-
-LOCATION = """
-{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }
-"""
-
-
 def test_the_launchpad_refuses_it_and_queues_a_good_one(tmp_path, monkeypatch):
     """What the UI's Launchpad sends, through the project's instance settings."""
     monkeypatch.setenv("LITHI_HOME", str(tmp_path / "home"))
@@ -76,22 +61,15 @@ def test_the_launchpad_refuses_it_and_queues_a_good_one(tmp_path, monkeypatch):
         ) as instance,
         graphql_on(instance, read_only=False) as query,
     ):
-        (repo,) = query(LOCATION)["repositoriesOrError"]["nodes"]
-        selector = {
-            "repositoryLocationName": repo["location"]["name"],
-            "repositoryName": repo["name"],
-            "jobName": CHAIN_JOB_NAME,
-        }
-        bad = query(LAUNCH, params={"selector": selector, "runConfigData": _ops(epochs=0)})
-        good = query(LAUNCH, params={"selector": selector, "runConfigData": _ops(epochs=2)})
+        bad = launch(query, CHAIN_JOB_NAME, _ops(epochs=0))
+        good = launch(query, CHAIN_JOB_NAME, _ops(epochs=2))
         runs = {r.run_id: r for r in instance.get_runs()}
-    refused = bad["launchRun"]
-    assert refused["__typename"] == "PythonError"
-    assert "training_run: epochs=0 is refused by" in refused["message"]
+    assert bad["__typename"] == "PythonError"
+    assert "training_run: epochs=0 is refused by" in bad["message"]
     (failed,) = [r for r in runs.values() if r.status == dg.DagsterRunStatus.FAILURE]
     assert failed.tags["dagster/max_retries"] == "0"  # refused again by any retry: none
-    assert good["launchRun"]["__typename"] == "LaunchRunSuccess"
-    assert runs[good["launchRun"]["run"]["runId"]].status == dg.DagsterRunStatus.QUEUED
+    assert good["__typename"] == "LaunchRunSuccess"
+    assert runs[good["run"]["runId"]].status == dg.DagsterRunStatus.QUEUED
 
 
 def test_a_run_that_leaves_the_trainer_to_the_chain_is_judged_with_its_defaults():
@@ -160,19 +138,12 @@ def test_the_launchpad_refuses_a_feature_the_bundle_lacks(tmp_path, monkeypatch,
             asset_selection=[dg.AssetKey("result_manifest")],
             instance=instance,
         )
-        (repo,) = query(LOCATION)["repositoriesOrError"]["nodes"]
-        selector = {
-            "repositoryLocationName": repo["location"]["name"],
-            "repositoryName": repo["name"],
-            "jobName": CHAIN_JOB_NAME,
-        }
         # no trainer path: the Launchpad gives only what the user typed
         typed = {"ops": {"training_run": {"config": {"features": ["alcohol", "colour"]}}}}
-        bad = query(LAUNCH, params={"selector": selector, "runConfigData": typed})
+        bad = launch(query, CHAIN_JOB_NAME, typed)
         fine = {"ops": {"training_run": {"config": {"auto_features": True}}}}
-        good = query(LAUNCH, params={"selector": selector, "runConfigData": fine})
-    refused = bad["launchRun"]
-    assert refused["__typename"] == "PythonError", refused
-    line = refused["message"].strip().splitlines()[-1]
+        good = launch(query, CHAIN_JOB_NAME, fine)
+    assert bad["__typename"] == "PythonError", bad
+    line = bad["message"].strip().splitlines()[-1]
     assert "'colour'" in line and line.endswith(f"last read it: {job} version {version}"), line
-    assert good["launchRun"]["__typename"] == "LaunchRunSuccess", good
+    assert good["__typename"] == "LaunchRunSuccess", good

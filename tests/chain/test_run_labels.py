@@ -11,7 +11,7 @@ from pipeline.defs.instance import PROJECT_YAML
 from pipeline.defs.jobs import CHAIN_JOB_NAME, chain_run_config
 from pipeline.defs.run_labels import relabelled
 from resources.compute.local import LocalCompute
-from tests.helpers.graphql import graphql_on
+from tests.helpers.graphql import graphql_on, launch
 
 SENSOR_TAGS = {"lithi/trigger": "newer_manifest", "lithi/job_id": "j", "lithi/version_id": "v"}
 
@@ -69,16 +69,6 @@ def test_the_chain_job_relabels_a_run_carrying_its_parents_tags(tmp_path, labell
     assert tags_rerun["lithi/first_trigger"] == "newer_manifest"
 
 
-LAUNCH = """
-mutation($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-  }
-}
-"""
-
 REEXECUTE = """
 mutation($params: ReexecutionParams!) {
   launchPipelineReexecution(reexecutionParams: $params) {
@@ -87,10 +77,6 @@ mutation($params: ReexecutionParams!) {
     ... on PythonError { message }
   }
 }
-"""
-
-LOCATION = """
-{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }
 """
 
 
@@ -103,16 +89,7 @@ def test_the_uis_reexecute_is_labelled_as_soon_as_it_is_launched(tmp_path, monke
         dg.instance_for_test(overrides={"run_coordinator": settings["run_coordinator"]}) as inst,
         graphql_on(inst, read_only=False) as query,
     ):
-        (repo,) = query(LOCATION)["repositoriesOrError"]["nodes"]
-        params = {
-            "selector": {
-                "repositoryLocationName": repo["location"]["name"],
-                "repositoryName": repo["name"],
-                "jobName": CHAIN_JOB_NAME,
-            },
-            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in SENSOR_TAGS.items()]},
-        }
-        first = query(LAUNCH, params=params)["launchRun"]
+        first = launch(query, CHAIN_JOB_NAME, tags=SENSOR_TAGS)
         assert first["__typename"] == "LaunchRunSuccess", first
         parent = first["run"]["runId"]
         assert inst.get_run_by_id(parent).tags["lithi/trigger"] == "newer_manifest"

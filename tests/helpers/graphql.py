@@ -35,13 +35,15 @@ STALENESS = """
 
 
 @contextlib.contextmanager
-def graphql_on(instance: dg.DagsterInstance, *, read_only: bool = True) -> Iterator[Query]:
+def graphql_on(
+    instance: dg.DagsterInstance, *, read_only: bool = True, env_now: bool = False
+) -> Iterator[Query]:
     """A ``query(text, **variables) -> data`` function over ``instance`` (``read_only=False``:
-    mutations too, as a webserver started without ``--read-only`` serves them)."""
+    mutations too, as a webserver started without ``--read-only`` serves them; ``env_now``: the
+    location built from the ``LITHI_*`` variables as they are now, as a code server would)."""
+    module = "tests.helpers.location_from_env" if env_now else "pipeline.defs.definitions"
     origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(
-            module_name="pipeline.defs.definitions", working_directory=str(REPO_ROOT)
-        )
+        LoadableTargetOrigin(module_name=module, working_directory=str(REPO_ROOT))
     )
     with WorkspaceProcessContext(
         instance,
@@ -66,3 +68,36 @@ def graphql_on(instance: dg.DagsterInstance, *, read_only: bool = True) -> Itera
 def stale_status(query: Query) -> dict[str, str]:
     """Every asset's stale status as the UI shows it (FRESH, STALE, MISSING)."""
     return {n["assetKey"]["path"][-1]: n["staleStatus"] for n in query(STALENESS)["assetNodes"]}
+
+
+LAUNCH = """
+mutation($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+LOCATION = """
+{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }
+"""
+
+
+def repository(query: Query) -> dict[str, str]:
+    """The code location's one repository, as a selector's first two fields."""
+    (repo,) = query(LOCATION)["repositoriesOrError"]["nodes"]
+    return {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"]}
+
+
+def launch(
+    query: Query, job: str, run_config: dict | None = None, tags: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """What the Launchpad's *Launch run* sends: ``launchRun``'s answer."""
+    params: dict[str, Any] = {"selector": {**repository(query), "jobName": job}}
+    if run_config is not None:
+        params["runConfigData"] = run_config
+    if tags:
+        params["executionMetadata"] = {"tags": [{"key": k, "value": v} for k, v in tags.items()]}
+    return query(LAUNCH, params=params)["launchRun"]
