@@ -5,6 +5,7 @@ embedded defaults: local Compute, a bundle cache and artifacts under ``LITHI_HOM
 stops the code location from loading with one line naming the variable.
 """
 
+import warnings
 from typing import NamedTuple
 
 import dagster as dg
@@ -129,7 +130,7 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
             for c in declared.chains
         ]
     resources = resources_from(env, declared)
-    return dg.Definitions(
+    defs = dg.Definitions(
         assets=[a for p in parts for a in p.assets],
         asset_checks=[c for p in parts for c in p.checks],
         jobs=[*(p.job for p in parts), resubmit_job],
@@ -140,6 +141,13 @@ def build_definitions(env: LithiEnv | None = None, **resource_overrides: object)
         # (torch, Dagster) for each: every job, the CLI's implicit one too, runs in-process.
         executor=dg.in_process_executor,
     )
+    with warnings.catch_warnings():
+        # Resolving a sensor's jobs copies the sensor with ``owners=[]``, which Dagster 1.13
+        # then warns is a beta parameter we never set. Resolved here once (the repository is
+        # cached on ``defs``), a code server loading the location says nothing.
+        warnings.filterwarnings("ignore", message="Parameter `owners`", category=dg.BetaWarning)
+        defs.get_repository_def()
+    return defs
 
 
 def _load() -> dg.Definitions:
