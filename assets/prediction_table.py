@@ -8,7 +8,7 @@ from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from pipeline.bundle.manifest import Schema
 from pipeline.readers.reconcile import keyed_coverage
 from pipeline.training.device import choose_device
-from pipeline.training.memory import bound_heap_growth
+from pipeline.training.memory import frozen_heap
 from pipeline.training.predictions import PredictionFile, write_predictions
 from pipeline.training.record import TrainedModel
 from pipeline.training.trainer import PredictContext, load_trainer
@@ -35,7 +35,6 @@ def prediction_table(
     index = training_run.index
     record = training_run.record
     trainer = load_trainer(record.trainer.path)
-    bound_heap_growth()  # a prediction pass over millions of items: see pipeline.training.memory
     ctx = PredictContext(
         index=index,
         config=trainer.parse_config(record.config),
@@ -45,12 +44,13 @@ def prediction_table(
         checkpoint_dir=training_run.checkpoint_dir,
         checkpoint_sha256=record.checkpoint.sha256,
     )
-    predictions = write_predictions(
-        trainer.predict(ctx),
-        artifacts.directory(context) / TABLE_NAME,
-        id_field=index.id_field,
-        trainer=record.trainer.path,
-    )
+    with frozen_heap():  # a pass over millions of items: see pipeline.training.memory
+        predictions = write_predictions(
+            trainer.predict(ctx),
+            artifacts.directory(context) / TABLE_NAME,
+            id_field=index.id_field,
+            trainer=record.trainer.path,
+        )
     meta = {
         "dagster/row_count": predictions.rows,
         "dagster/column_schema": md.column_schema(

@@ -25,7 +25,7 @@ from pipeline.bundle.digest import content_sha256, sha256_files
 from pipeline.readers.index import Index
 from pipeline.readers.reconcile import OwnerCounts, ReconcileReport, reconcile_distributed
 from pipeline.training.cut_mirror import CutMirror
-from pipeline.training.memory import bound_heap_growth
+from pipeline.training.memory import frozen_heap
 from pipeline.training.progress import CLAIM_WAIT, Progress
 from pipeline.training.trainer import FeatureSet, FitContext, FitResult, Trainer, TrainerError
 
@@ -111,9 +111,6 @@ def run_fit(
     then refuses (:class:`~pipeline.training.progress.ProgressError`) before any training.
     ``progress_mirror`` keeps the cuts at a URL too, for ranks on machines with no shared disk.
     """
-    # Any trainer's pass over millions of items, and the pipeline's tally of every id beside it,
-    # would otherwise leave gigabytes of fragmented heap behind (see pipeline.training.memory).
-    bound_heap_growth()
     progress = Progress(
         progress_dir,
         rank=rank,
@@ -133,7 +130,8 @@ def run_fit(
         device=device,
     )
     with progress.claimed(claim_wait):  # no other process writes or prunes these cuts meanwhile
-        result = trainer.fit(ctx)
+        with frozen_heap():
+            result = trainer.fit(ctx)
         if not isinstance(result, FitResult):
             raise TrainerError(
                 f"{type(trainer).__name__}.fit returned {type(result).__name__}, expected FitResult"
