@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import torch
 import torch.distributed as dist
 
+from pipeline.bundle.format import VALID_SUFFIX
 from pipeline.bundle.manifest import SchemaField
 from pipeline.readers.batches import accepted_mask
 from pipeline.readers.index import Index
@@ -70,6 +71,17 @@ def vocabulary(counts: Counter, limit: int) -> tuple[list[str], int]:
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     kept = sorted(v for v, _ in ranked[:limit])
     return kept, len(ranked) - len(kept)
+
+
+def _summable(batch: dict, col: FeatureColumn) -> bool:
+    """Whether every value of a number column in ``batch`` is usable (none null, none NaN):
+    the common case, summed without the masks a missing value needs."""
+    valid = batch.get(col.name + VALID_SUFFIX)
+    if valid is not None and not bool(valid.all()):
+        return False
+    t = batch[col.name]
+    # NaN spreads through a sum (so does inf - inf, which then takes the masked path: the same)
+    return not t.is_floating_point() or not bool(torch.isnan(t.sum()))
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,7 @@ def fit_features(
         elif seen and id_field is not None and holdout_percent:
             training = rows & ~holdout_mask(batch[id_field], holdout_percent)
         start = 0
+        all_rows = bool(rows.all())
         for i, col in enumerate(columns):
             if col.is_category:
                 values = category_values(batch, col)
@@ -146,6 +159,14 @@ def fit_features(
                 kept = values.filter(pa.array(training.numpy())).drop_null()
                 for row in pc.value_counts(kept).to_pylist():
                     seen[col.name][row["values"]] += row["counts"]
+                continue
+            if _summable(batch, col):  # no value missing: no masks to build or apply
+                x = batch[col.name].reshape(-1, col.width)
+                x = (x if all_rows else x[rows]).to(torch.float64)
+                sums[0, start : start + col.width] += x.shape[0]
+                sums[1, start : start + col.width] += x.sum(0)
+                sums[2, start : start + col.width] += (x * x).sum(0)
+                start += col.width
                 continue
             x, ok = number_values(batch, col)
             incomplete |= ~ok.all(dim=1)
