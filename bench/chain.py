@@ -3,21 +3,23 @@
 For every ``--items N`` it stages the synthetic sample (``pipeline.defs.samples``), labels it on
 the local Compute (the linear-cost centroid labeller), then materializes each chain asset in turn
 on a persisted SQLite instance, once per ``--world-sizes`` value (1: training in the step's
-process; 2: two real torchrun ranks through Dagster Pipes, as the chain does it). Every step runs
-in a fresh child process, so its peak RSS is its own (sampled from ``/proc`` for the child and
-its descendants, the torchrun ranks: see ``TreeMemory``); bytes hashed come from
+process; 2: two real torchrun ranks through Dagster Pipes, as the chain does it), each rank with
+a DataLoader worker per core it does not compute on (``workers_per_rank``). Every step runs in a
+fresh child process, so its peak RSS is its own (sampled from ``/proc`` by the bench's process
+for the child and its descendants, the torchrun ranks and DataLoader workers, until the step
+ends: see ``TreeMemory``); bytes hashed come from
 ``file_bytes_hashed()`` in that process (plus what the torchrun ranks report through Pipes).
 
 Limits are rates measured in this same run, on this same bundle, after the steps (page cache
-warm, as the steps found it):
+warm, as the steps found it), each the best of three tries:
 
 * ``sha256``: the project's parallel file hashing (two threads here) over the result parts;
 * ``decode``: ``pq.read_table`` of every column of the result parts, and of the id column alone;
 * ``write``: ``pq.write_table`` of the result rows (the staging writer's codec and row groups);
 * ``write ids``: saving the id column as ``disjoint_index`` saves its index (``index.parquet``,
   zstd, written atomically);
-* ``loader``: one pass of the iterable reader (the one prediction uses) with the training batch
-  size and no model;
+* ``loader``: the iterable reader (the one prediction uses) in the process, with the training
+  batch size and no model;
 * ``durable copy``: the parts copied into a folder of the bench's file system, each file
   fsynced, as the bundle cache brings a file in. ``verified_snapshot`` copies the whole bundle
   once (a disk can take a burst of a few hundred MB far faster than it sustains gigabytes);
@@ -72,13 +74,17 @@ STEPS = (
 #: page cache) on at most this many rows of the bundle it worked on.
 LIMIT_SAMPLE_ROWS = 1 << 18
 DAGSTER_YAML = "telemetry:\n  enabled: false\n"
+#: names the file a child creates when its step is done (``TreeMemory`` stops sampling there)
+STEP_DONE_ENV = "BENCH_STEP_DONE"
 
 
 # -- children: one step each, reporting what it cost ---------------------------------------------
 
 
 class TreeMemory:
-    """Peak memory of this process and every descendant (torchrun ranks), sampled from /proc.
+    """Peak memory of process ``root`` and every descendant (torchrun ranks, DataLoader
+    workers), sampled from /proc by the bench's own process: a sampler thread inside the
+    measured process would take the GIL from the step it measures.
 
     ``ru_maxrss`` cannot be used: Linux carries a parent's high-water mark into a forked child,
     so a child of a large process reports the parent's peak. Each process's own peak
@@ -87,7 +93,9 @@ class TreeMemory:
     anonymous share is reported beside the total.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, root: int, done: Path) -> None:
+        self.root = root
+        self.done = done  # the child creates it when its step ends: its limits are not the step
         self.peak_rss = 0.0  # MiB: the largest VmHWM of any one process of the tree
         self.peak_anon = 0.0  # MiB: the largest sampled RssAnon of any one process
         self.peak_tree_anon = 0.0  # MiB: the largest sampled sum of RssAnon over the tree
@@ -101,16 +109,17 @@ class TreeMemory:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.sample()
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
+            if self.done.exists():
+                return
             self.sample()
 
     def sample(self) -> None:
         """Read the tree's memory once."""
         tree_anon = 0.0
-        for pid in _tree(os.getpid()):
+        for pid in _tree(self.root):
             status = _status(pid)
             self.peak_rss = max(self.peak_rss, status.get("VmHWM", 0.0))
             anon = status.get("RssAnon", 0.0)
@@ -210,6 +219,15 @@ def child_label(work: Path, items: int) -> dict:
     }
 
 
+def workers_per_rank(world: int, cores: int | None = None) -> int:
+    """DataLoader workers per rank: each rank's share of the cores less the one it computes on
+    (on two cores: one worker at world size 1, none at 2, where the ranks fill the cores)."""
+    from pipeline.bundle.digest import cpu_count
+
+    cores = cores or cpu_count()
+    return max(0, cores // world - 1)
+
+
 def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int) -> dict:
     """Materialize one chain asset on the persisted instance (upstream loaded by the IO manager)."""
     import dagster as dg
@@ -228,7 +246,7 @@ def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int)
         compute_executor="inline",
         job_id="bench",
         world_size=world,
-        num_workers=0,
+        num_workers=workers_per_rank(world),
     )
     resources = resources_from(env)
     # The iterable reader: its memory is one row group per consumer; the map-style reader keeps
@@ -366,10 +384,26 @@ def run_child(args: list[str]) -> dict:
     # writes to the disk itself (the cache copy, with its fsyncs) would otherwise wait on that
     # writeback and be charged for the step before it.
     os.sync()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+    ):
+        done = Path(scratch) / "step-done"
+        env[STEP_DONE_ENV] = str(done)
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=err, text=True)
+        with TreeMemory(proc.pid, done) as mem:
+            returncode = proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result.update(
+        peak_rss_mib=mem.peak_rss, peak_anon_mib=mem.peak_anon, tree_anon_mib=mem.peak_tree_anon
+    )
+    return result
 
 
 def child_main(argv: list[str]) -> int:
@@ -382,22 +416,19 @@ def child_main(argv: list[str]) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=1024)
     a = p.parse_args(argv)
-    with TreeMemory() as mem:
-        if a.what == "stage":
-            out = child_stage(a.work, a.items)
-        elif a.what == "label":
-            out = child_label(a.work, a.items)
-        else:
-            out = child_asset(a.work, a.what, a.world, a.epochs, a.batch_size)
+    if a.what == "stage":
+        out = child_stage(a.work, a.items)
+    elif a.what == "label":
+        out = child_label(a.work, a.items)
+    else:
+        out = child_asset(a.work, a.what, a.world, a.epochs, a.batch_size)
+    Path(os.environ[STEP_DONE_ENV]).touch()  # the memory the step held is measured up to here
     staged = json.loads((a.work / "staged.json").read_text())
     bundle = staged["input"] if a.what == "stage" else staged["result"]
     # the cache copy's limit at the size the step copied: a disk may take a burst of a few
     # hundred MB far faster than it sustains gigabytes
     whole = a.what == "verified_snapshot"
     out["limits"] = measure_limits(Path(bundle), a.batch_size, copy_whole=whole)
-    out.update(
-        peak_rss_mib=mem.peak_rss, peak_anon_mib=mem.peak_anon, tree_anon_mib=mem.peak_tree_anon
-    )
     print(json.dumps(out))
     return 0
 
@@ -454,13 +485,18 @@ def measure_limits(
     loader = make_loader(
         index, style="iterable", batch_size=batch_size, num_workers=0, shuffle=True
     )
-    t = time.perf_counter()
+
     seen = 0
-    for batch in loader:
-        seen += len(batch[id_field])
-        if seen >= LIMIT_SAMPLE_ROWS:
-            break
-    load = time.perf_counter() - t
+
+    def load_sample() -> None:
+        nonlocal seen
+        seen = 0
+        for batch in loader:
+            seen += len(batch[id_field])
+            if seen >= LIMIT_SAMPLE_ROWS:
+                break
+
+    load = best(load_sample)  # the best of three, as every other rate here
     return {
         "threads": cpu_count(),
         "sha256_bytes_per_s": nbytes / sha,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,10 +104,28 @@ def test_tree_memory_sees_a_child_process(chain):
     )
     try:
         assert child.stdout.readline() == "holding\n"
-        mem = chain.TreeMemory()
+        mem = chain.TreeMemory(os.getpid(), Path("never-done"))
         mem.sample()
     finally:
         child.communicate("", timeout=limit(60))
     assert child.returncode == 0
     assert mem.peak_anon >= 190
     assert mem.peak_rss >= mem.peak_anon
+
+
+def test_tree_memory_stops_where_the_step_says_it_is_done(chain, tmp_path):
+    """What a child holds after its step (measuring its limits) is not the step's memory."""
+    done = tmp_path / "step-done"
+    done.touch()
+    code = "b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096])"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    with chain.TreeMemory(child.pid, done) as mem:
+        assert child.wait(timeout=limit(60)) == 0
+    assert mem.peak_rss == mem.peak_anon == 0  # never sampled: the step was already done
+
+
+@pytest.mark.parametrize(
+    ("world", "cores", "workers"), [(1, 2, 1), (2, 2, 0), (1, 1, 0), (2, 8, 3)]
+)
+def test_each_rank_gets_a_worker_per_core_it_does_not_compute_on(chain, world, cores, workers):
+    assert chain.workers_per_rank(world, cores) == workers
