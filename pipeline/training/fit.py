@@ -315,7 +315,12 @@ def evaluate_model(
     index = ctx.index
     device = ctx.device
     columns = [config.label, *(c.name for c in spec.columns)]
-    loader = ctx.loader(style=config.reader, batch_size=1024, shuffle=False, columns=columns)
+    # Read in this process: workers forked here while the training loader's persistent workers
+    # still have their queue threads can inherit a held lock and never start (a rank then hangs
+    # in the evaluation while the others wait for it in the all-reduce).
+    loader = ctx.loader(
+        style=config.reader, batch_size=1024, shuffle=False, num_workers=0, columns=columns
+    )
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:
