@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 import torch
 import torch.distributed as dist
 
-from pipeline.bundle.format import VALID_SUFFIX
 from pipeline.bundle.manifest import SchemaField
 from pipeline.readers.batches import accepted_mask
 from pipeline.readers.index import Index
@@ -25,6 +24,7 @@ from pipeline.training.columns import CATEGORY, Task, number_shape, why_not_a_fe
 from pipeline.training.features import (
     FeatureColumn,
     FeatureSpec,
+    all_usable,
     as_bools,
     batch_holdout,
     category_values,
@@ -71,17 +71,6 @@ def vocabulary(counts: Counter, limit: int) -> tuple[list[str], int]:
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     kept = sorted(v for v, _ in ranked[:limit])
     return kept, len(ranked) - len(kept)
-
-
-def _summable(batch: dict, col: FeatureColumn) -> bool:
-    """Whether every value of a number column in ``batch`` is usable (none null, none NaN):
-    the common case, summed without the masks a missing value needs."""
-    valid = batch.get(col.name + VALID_SUFFIX)
-    if valid is not None and not bool(valid.all()):
-        return False
-    t = batch[col.name]
-    # NaN spreads through a sum (so does inf - inf, which then takes the masked path: the same)
-    return not t.is_floating_point() or not bool(torch.isnan(t.sum()))
 
 
 @dataclass(frozen=True)
@@ -160,7 +149,7 @@ def fit_features(
                 for row in pc.value_counts(kept).to_pylist():
                     seen[col.name][row["values"]] += row["counts"]
                 continue
-            if _summable(batch, col):  # no value missing: no masks to build or apply
+            if all_usable(batch, col):  # no value missing: no masks to build or apply
                 x = batch[col.name].reshape(-1, col.width)
                 x = (x if all_rows else x[rows]).to(torch.float64)
                 sums[0, start : start + col.width] += x.shape[0]

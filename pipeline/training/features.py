@@ -152,6 +152,17 @@ def usable_values(batch: dict, col: FeatureColumn) -> torch.Tensor:
     return ok
 
 
+def all_usable(batch: dict, col: FeatureColumn) -> bool:
+    """Whether :func:`usable_values` would be all true, found without building the mask (the
+    common case: the fitting pass then sums the column as it is)."""
+    valid = batch.get(col.name + VALID_SUFFIX)
+    if valid is not None and not bool(valid.all()):
+        return False
+    t = batch[col.name]
+    # NaN spreads through a sum; so does inf - inf, which then takes the masked path: the same
+    return not t.is_floating_point() or not bool(torch.isnan(t.sum()))
+
+
 def labels(batch: dict, label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
     """The label values of a batch and a ``[B]`` mask of rows that have one."""
     raw = batch[label]

@@ -11,6 +11,7 @@ from pipeline.training.features import (
     FeatureColumn,
     FeatureSpec,
     ValueCounts,
+    all_usable,
     number_values,
     to_features,
     usable_values,
@@ -103,3 +104,6 @@ def test_missing_values_are_counted_and_masked_alike_on_every_path():
     assert int(counts.filled["stamp"]) == 0
     for col in spec.columns:
         assert torch.equal(usable_values(batch, col), number_values(batch, col)[1])
+        assert all_usable(batch, col) == bool(usable_values(batch, col).all())
+    clean = {"emb": batch["emb"][1:7], "stamp": batch["stamp"]}  # rows with nothing missing
+    assert all_usable(clean, spec.columns[0]) and all_usable(clean, spec.columns[2])
