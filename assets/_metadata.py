@@ -4,7 +4,7 @@ import math
 
 import dagster as dg
 
-from pipeline.bundle.manifest import Manifest, Schema, SnapshotId
+from pipeline.bundle.manifest import Manifest, Schema, SchemaField, SnapshotId
 from pipeline.training.trainer import FeatureSet
 
 
@@ -57,6 +57,16 @@ def column_schema(schema: Schema, id_field: str) -> dg.TableSchema:
                 constraints=dg.TableColumnConstraints(nullable=f.nullable),
             )
             for f in schema.fields
+        ]
+    )
+
+
+def schema_of(table: dg.TableSchema) -> Schema:
+    """The declared schema back from its ``dagster/column_schema`` (:func:`column_schema`)."""
+    return Schema(
+        fields=[
+            SchemaField(name=c.name, type=c.type, nullable=c.constraints.nullable is not False)
+            for c in table.columns
         ]
     )
 

@@ -30,8 +30,9 @@ from dagster._core.snap.job_snapshot import JobSnap
 from dagster._core.storage.dagster_run import DagsterRun
 from pydantic import BaseModel, ValidationError
 
+from assets import _metadata as md
 from assets.chain_keys import DEFAULT_CHAIN, chain_key
-from pipeline.bundle.manifest import Schema, SchemaField
+from pipeline.bundle.manifest import Schema
 from pipeline.defs.run_labels import relabelled
 from pipeline.training.trainer import TrainerError, load_trainer
 
@@ -62,11 +63,11 @@ class RecordedSchema:
 SchemaLookup = Callable[[str], "RecordedSchema | None"]
 
 
-def chain_of_op(op: str) -> str:
-    """The chain a ``training_run`` op belongs to: ``digits__training_run`` is ``digits``'s
-    (Dagster names an asset's op after its key, ``/`` becoming ``__``)."""
-    chain, sep, _ = op.rpartition("__")
-    return chain if sep else DEFAULT_CHAIN
+def chain_link(op: str) -> tuple[str, str]:
+    """The chain and link an op runs: ``digits__training_run`` is ``digits``'s
+    ``training_run`` (Dagster names an asset's op after its key, ``/`` becoming ``__``)."""
+    chain, sep, link = op.rpartition("__")
+    return (chain if sep else DEFAULT_CHAIN), link
 
 
 def trainer_defaults(job: JobSnap) -> dict[str, dict[str, Any]]:
@@ -104,16 +105,8 @@ def recorded_schema(instance: dg.DagsterInstance, chain: str) -> RecordedSchema 
     id_field = meta.get("item_id_field")
     if table is None or id_field is None:
         return None
-    fields = [
-        SchemaField(
-            name=c.name,
-            type=c.type,
-            nullable=c.constraints.nullable if c.constraints.nullable is not None else True,
-        )
-        for c in table.value.columns
-    ]
     return RecordedSchema(
-        schema=Schema(fields=fields),
+        schema=md.schema_of(table.value),
         id_field=str(id_field.value),
         job_id=str(meta["job_id"].value) if "job_id" in meta else "",
         version_id=str(meta["snapshot/version_id"].value) if "snapshot/version_id" in meta else "",
@@ -124,7 +117,7 @@ def _reads_recorded(run_config: Mapping[str, Any], recorded: RecordedSchema) -> 
     """Whether a run reads the version ``recorded`` describes, as far as its config says: a
     run pinning another job or version reads a schema nobody has recorded yet."""
     for op, entry in (run_config.get("ops") or {}).items():
-        if op.rpartition("__")[2] != "result_manifest" or not isinstance(entry, Mapping):
+        if chain_link(op)[1] != "result_manifest" or not isinstance(entry, Mapping):
             continue
         given = entry.get("config") or {}
         if given.get("job_id") and given["job_id"] != recorded.job_id:
@@ -160,22 +153,24 @@ def config_problem(
         except TrainerError as e:
             return f"{op}: {e}"
         config = trainer.Config
+        params: Any = values  # what the trainer's check takes: its Config, or the dict
         if config is not None and issubclass(config, BaseModel):
             try:
-                config.model_validate(values)
+                params = config.model_validate(values)
             except ValidationError as e:
                 for err in e.errors():
                     field = err["loc"][0] if err["loc"] else None
                     if field in given:  # a value the run gave, not one it left to the chain
                         return f"{op}: {field}={given[field]!r} is refused by {path}: {err['msg']}"
                 return None  # a default the run cannot change; the step says so
-        recorded = schemas(chain_of_op(op)) if schemas is not None else None
+        chain = chain_link(op)[0]
+        recorded = schemas(chain) if schemas is not None else None
         if recorded is None or not _reads_recorded(run_config, recorded):
             continue
         try:
-            trainer.check(trainer.parse_config(values), recorded.schema, recorded.id_field)
+            trainer.check(params, recorded.schema, recorded.id_field)
         except TrainerError as e:
-            return f"{op}: {e}; the bundle {recorded.describe(chain_of_op(op))}"
+            return f"{op}: {e}; the bundle {recorded.describe(chain)}"
     return None
 
 

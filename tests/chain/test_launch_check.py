@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from assets import _metadata as md
 from pipeline.bundle.manifest import Schema, SchemaField
 from pipeline.defs.definitions import build_definitions, defs
 from pipeline.defs.instance import PROJECT_YAML
@@ -147,3 +148,8 @@ def test_the_launchpad_refuses_a_feature_the_bundle_lacks(tmp_path, monkeypatch,
     line = bad["message"].strip().splitlines()[-1]
     assert "'colour'" in line and line.endswith(f"last read it: {job} version {version}"), line
     assert good["__typename"] == "LaunchRunSuccess", good
+
+
+def test_the_recorded_column_schema_reads_back_as_the_declared_one():
+    declared = _recorded("alcohol").schema  # nullable and non-null fields
+    assert md.schema_of(md.column_schema(declared, "item_id")) == declared
