@@ -181,6 +181,7 @@ class ReaderLoader:
         self.batch_size = batch_size
         #: Batches per worker message (the inner loader's batch size over ``batch_size``).
         self.transfer_batches = transfer_batches
+        self._message_rows = batch_size * transfer_batches
         self.pin_memory = pin_memory
         self._progress = progress
         self._pending = False  # a loaded state waits for the next __iter__
@@ -200,6 +201,16 @@ class ReaderLoader:
     def epoch(self) -> int:
         """The epoch the next (or current) iteration yields."""
         return self._progress.reader.epoch
+
+    @property
+    def num_workers(self) -> int:
+        """The DataLoader worker processes that read for it (0: read in this process)."""
+        return self.loader.num_workers
+
+    @property
+    def message_rows(self) -> int:
+        """Rows per worker message: the most one batch can hold without joining messages."""
+        return self._message_rows
 
     # -- epochs -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -227,6 +238,25 @@ class ReaderLoader:
         self._progress.reader.set_epoch(epoch)
         if epoch != current:  # another epoch has no earlier legs: whole shares again
             self._progress.refresh()
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Cut the next epochs' batches to ``batch_size`` rows (at most :attr:`message_rows`).
+
+        The rows, their order and who reads them are unchanged: only where the main process
+        cuts the workers' messages moves. A pass that needs no particular batch (an evaluation)
+        can take whole messages and pay the per-batch cost less often. Between epochs only: a
+        loaded mid-epoch state is resumed at the size it was loaded with.
+        """
+        if not 1 <= batch_size <= self.message_rows:
+            raise ValueError(
+                f"batch_size must be between 1 and the {self.message_rows} rows of a worker "
+                f"message, got {batch_size}"
+            )
+        if self._pending:
+            raise ValueError(
+                "a loaded state waits to be resumed; iterate it before changing the batch size"
+            )
+        self.batch_size = batch_size
 
     # -- iterating --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:

@@ -24,6 +24,7 @@ from pipeline.readers import (
     collate_batches,
     confidence_weights,
     make_loader,
+    set_epoch,
 )
 from pipeline.readers.index import Index
 from tests.helpers.bundles import make_bundle
@@ -453,3 +454,20 @@ def test_a_pool_the_user_chose_is_kept_in_the_workers(index, tmp_path, monkeypat
     kw = dict(batch_size=16, num_workers=2, worker_init_fn=init, persistent_workers=False)
     list(make_loader(index, style="map", **kw))  # not persistent: see the test above
     assert _pools(log) == [f"0 {parent}", f"1 {parent}"]
+
+
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_a_new_batch_size_cuts_the_same_rows_into_larger_batches(index, style):
+    loader = make_loader(index, style=style, batch_size=16, num_workers=1, seed=3)
+    assert loader.message_rows == 16 * loader.transfer_batches
+    set_epoch(loader, 2)
+    small = [b for b in loader]
+    loader.set_batch_size(loader.message_rows)
+    set_epoch(loader, 2)
+    large = [b for b in loader]
+    assert len(large) < len(small) and max(len(b[index.id_field]) for b in large) > 16
+    key = index.id_field
+    assert [i for b in large for i in b[key]] == [i for b in small for i in b[key]]
+    assert len(loader) == len(large)
+    with pytest.raises(ValueError, match="worker message"):
+        loader.set_batch_size(loader.message_rows + 1)
