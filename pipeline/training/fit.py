@@ -41,6 +41,7 @@ from pipeline.training.reference_config import ReferenceConfig, check_config, ch
 from pipeline.training.trainer import (
     FitContext,
     FitResult,
+    TalliedLoader,
     TrainerError,
     merge_tallied_states,
 )
@@ -251,7 +252,7 @@ def fit_reference(ctx: FitContext) -> FitResult:
         curve.append(total_loss / max(total_w, 1e-8))
         if ctx.rank == 0:
             ctx.log(f"epoch {epoch + 1}/{config.epochs}: loss {curve[-1]:.4f}")
-    metrics = evaluate_model(model, ctx, spec, config)
+    metrics = evaluate_model(model, ctx, spec, config, fit_loader=loader)
     if ctx.rank == 0:
         ctx.log(", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         save_checkpoint(
@@ -303,24 +304,47 @@ def _log_fitted(ctx: FitContext, fitted: FittedFeatures, config: ReferenceConfig
         )
 
 
+#: Rows per evaluation batch at the least: it needs no particular batch, only fewer of them.
+EVAL_BATCH_ROWS = 1024
+
+
 @torch.no_grad()
 def evaluate_model(
-    model: nn.Module, ctx: FitContext, spec: FeatureSpec, config: ReferenceConfig
+    model: nn.Module,
+    ctx: FitContext,
+    spec: FeatureSpec,
+    config: ReferenceConfig,
+    *,
+    fit_loader: TalliedLoader | None = None,
 ) -> dict[str, float]:
     """Held-out and training metrics on the accepted rows with a label, summed across ranks.
 
     Classification: accuracy. Regression: RMSE and MAE in the label's own units.
+
+    With worker processes, the pass reads through the fit's own loader (``fit_loader``: the
+    same columns, one more epoch of its order, whole worker messages per batch), so its
+    workers read while the model scores and no other worker is forked: workers forked for a
+    second loader while the fit's persistent workers still had their queue threads could
+    inherit a held lock and never start, leaving a rank hung here while the others wait for it
+    in the all-reduce. Without workers it reads in this process, in batches of
+    :data:`EVAL_BATCH_ROWS` or more.
     """
     model.eval()
     index = ctx.index
     device = ctx.device
-    columns = [config.label, *(c.name for c in spec.columns)]
-    # Read in this process: workers forked here while the training loader's persistent workers
-    # still have their queue threads can inherit a held lock and never start (a rank then hangs
-    # in the evaluation while the others wait for it in the all-reduce).
-    loader = ctx.loader(
-        style=config.reader, batch_size=1024, shuffle=False, num_workers=0, columns=columns
-    )
+    loader = fit_loader
+    if loader is not None and loader.loader.num_workers > 0:
+        loader.set_epoch(config.epochs + 1)
+        loader.set_batch_size(max(config.batch_size, loader.loader.message_rows))
+    else:
+        columns = [config.label, *(c.name for c in spec.columns)]
+        loader = ctx.loader(
+            style=config.reader,
+            batch_size=max(config.batch_size, EVAL_BATCH_ROWS),
+            shuffle=False,
+            num_workers=0,
+            columns=columns,
+        )
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:

@@ -128,6 +128,11 @@ class TalliedLoader:
         """Choose the epoch's order (ownership never changes with it)."""
         set_epoch(self.loader, epoch)
 
+    def set_batch_size(self, batch_size: int) -> None:
+        """Cut the next passes' batches to ``batch_size`` rows (see
+        :meth:`~pipeline.readers.loader.ReaderLoader.set_batch_size`)."""
+        self.loader.set_batch_size(batch_size)
+
     def __len__(self) -> int:
         return len(self.loader)
 

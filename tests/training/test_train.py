@@ -242,3 +242,36 @@ def test_the_prediction_table_says_which_rows_were_held_out(classes, tmp_path):
         int((held.to_numpy(zero_copy_only=False) & accepted).sum())
         == result.metrics["holdout_items"]
     )
+
+
+@pytest.mark.parametrize("reader", ["map", "iterable"])
+def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, reader, monkeypatch):
+    # A second loader's workers, forked beside the fit's persistent ones, could hang a rank
+    # (make demo once did): with workers, the fit builds one loader and scores through it.
+    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
+    from pipeline.training.trainer import _Context
+
+    built: list[int | None] = []
+    original = _Context.loader
+
+    def counted(self, **kw):
+        built.append(kw.get("num_workers"))
+        return original(self, **kw)
+
+    monkeypatch.setattr(_Context, "loader", counted)
+    config = {"label": "lithi_label", "features": ["x"], "epochs": 2, "reader": reader}
+    metrics = {}
+    for workers in (1, 0):
+        built.clear()
+        out = tmp_path / f"w{workers}"
+        out.mkdir()
+        run = run_fit(
+            load_trainer(REFERENCE_TRAINER), classes, config, output_dir=out,
+            num_workers=workers, log=lambda _: None,
+        )  # fmt: skip
+        assert run.reconciliation.ok and run.passes == 2 + 2
+        metrics[workers] = run.result.metrics
+        # with workers, one loader for every pass; without, the evaluation reads in-process
+        assert built == ([None] if workers else [None, 0])
+    # the same rows scored either way: counts and accuracy are exact
+    assert metrics[1] == metrics[0], metrics
