@@ -83,7 +83,9 @@ def accepted_mask(batch: Batch) -> torch.Tensor:
     status = batch.get(fmt.STATUS_COLUMN)
     if status is None:
         raise KeyError(f"batch has no {fmt.STATUS_COLUMN!r}: only result bundles have statuses")
-    return torch.tensor([s == "accepted" for s in status], dtype=torch.bool)
+    # one vectorised comparison over the batch's strings, not a Python bool per row
+    flags = np.asarray(np.array(status, dtype=object) == "accepted", dtype=np.bool_)
+    return torch.from_numpy(flags.reshape(len(status)))
 
 
 def accepted_only(batch: Batch) -> Batch:
