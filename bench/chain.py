@@ -663,15 +663,27 @@ def rows_for(results: dict):
                 yield items, ws, step, m, limit_seconds(step, items, m, m["limits"], input_bytes)
 
 
-def exponents(results: dict) -> dict[tuple, float]:
-    """Slope of log(step wall) against log(items), per (world, step), over every size run."""
+def exponents(
+    results: dict, *, largest_two: bool = False, of_ratio: bool = False
+) -> dict[tuple, float]:
+    """Slope of log(step wall) against log(items), per (world, step), over every size run.
+
+    ``largest_two``: only between the two largest sizes, the slope the scale target names (a
+    start-up cost at a small size would pull the slope over every size down). ``of_ratio``:
+    the slope of wall / limit instead, which holds still when the machine's own rates change
+    between sizes, as they do on a shared machine.
+    """
     series: dict[tuple, list[tuple[float, float]]] = {}
-    for items, ws, step, m, _ in rows_for(results):
+    for items, ws, step, m, lim_s in rows_for(results):
         wall = m.get("step_wall", m["wall"])
+        if of_ratio:
+            wall = wall / lim_s if lim_s > 0 else 0.0
         if wall > 0:
             series.setdefault((str(ws), step), []).append((math.log(items), math.log(wall)))
     out = {}
     for key, pts in series.items():
+        if largest_two:
+            pts = sorted(pts)[-2:]
         if len({x for x, _ in pts}) < 2:
             continue
         mx = sum(x for x, _ in pts) / len(pts)
@@ -724,10 +736,20 @@ def print_table(results: dict) -> None:
                 f"the step {m.get('step_wall', m['wall']) / floor:.2f}x its floor"
             )
     exps = exponents(results)
-    if exps:
-        print("\nexponent of wall time against items (log-log slope):")
-        for (ws, step), e in sorted(exps.items()):
-            print(f"  ws {ws:>2} {step:<18} {e:.2f}")
+    if not exps:
+        return
+    sizes = sorted({run["items"] for run in results["runs"]})
+    top = exponents(results, largest_two=True)
+    top_ratio = exponents(results, largest_two=True, of_ratio=True)
+    span = f"{sizes[-2]:,} to {sizes[-1]:,}"
+    print(
+        "\nexponent of wall time against items (log-log slope), over every size, from "
+        f"{span}, and of x limit from {span}:"
+    )
+    for (ws, step), e in sorted(exps.items()):
+        r = top_ratio.get((ws, step))
+        against = f"{r:6.2f}" if r is not None else "     -"
+        print(f"  ws {ws:>2} {step:<18} {e:6.2f} {top[(ws, step)]:6.2f} {against}")
 
 
 def _rows_decoded(step: str, items: int, m: dict) -> int:

@@ -56,6 +56,23 @@ def test_exponents_are_the_log_log_slopes(chain):
     assert exps[("1", "training_run")] == pytest.approx(2.0)  # superlinear shows as 2
 
 
+def test_the_targets_exponent_is_between_the_two_largest_sizes(chain):
+    """The scale target names the slope from 10^6 to 10^7; a start-up cost at the smallest size
+    must not pull it down (over every size, the slope here is 0.5)."""
+    results = _results(
+        {
+            1_000: {"training_run": 1.0},
+            10_000: {"training_run": 1.0},
+            100_000: {"training_run": 10.0},
+        }
+    )
+    assert chain.exponents(results)[("1", "training_run")] == pytest.approx(0.5)
+    assert chain.exponents(results, largest_two=True)[("1", "training_run")] == pytest.approx(1.0)
+    # against its limit (linear in items here, the same rates at every size): flat
+    ratio = chain.exponents(results, largest_two=True, of_ratio=True)
+    assert ratio[("1", "training_run")] == pytest.approx(0.0)
+
+
 def test_limits_count_the_work_each_step_must_do(chain):
     lim = _results({1: {}})["runs"][0]["steps"]["stage"]["limits"]
     m = {"hashed": 2e9, "passes": 3, "bytes_written": 0}
