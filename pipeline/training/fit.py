@@ -26,6 +26,7 @@ from torch import nn
 from pipeline.readers.batches import accepted_mask, confidence_weights
 from pipeline.readers.index import Index
 from pipeline.training.columns import Task
+from pipeline.training.denormals import flushed_denormals
 from pipeline.training.device import cpu_state_dict, tensor_to, to_device
 from pipeline.training.feature_fit import FittedFeatures, fit_features
 from pipeline.training.features import (
@@ -132,8 +133,17 @@ def train_step(
 
 
 def fit_reference(ctx: FitContext) -> FitResult:
-    """Choose features, fit their normalisation, train, evaluate, and write the checkpoint."""
+    """Choose features, fit their normalisation, train, evaluate, and write the checkpoint.
+
+    With ``flush_denormals`` (the default) the CPU treats float32 values below the normal range
+    as zero meanwhile (:mod:`pipeline.training.denormals`).
+    """
     config: ReferenceConfig = ctx.config
+    with flushed_denormals(config.flush_denormals):
+        return _fit_reference(ctx, config)
+
+
+def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     index = ctx.index
     fields, feature_set = check_config(config, index.schema, index.id_field)
     if config.auto_features:

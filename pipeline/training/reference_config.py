@@ -42,6 +42,11 @@ class ReferenceConfig(BaseModel):
     amp: bool = Field(
         default=False, description="bfloat16 autocast for the forward pass and loss (GPU speed)"
     )
+    flush_denormals: bool = Field(
+        default=True,
+        description="on the CPU, treat float32 values below 1.2e-38 as zero during the fit "
+        "(FTZ/DAZ): long fits otherwise slow down as Adam's moments decay into them",
+    )
     one_hot_max: int = Field(
         default=16,
         ge=0,
@@ -86,6 +91,7 @@ _LATER_FIELDS = {
     "one_hot_max": 16,
     "max_categories": 10_000,
     "missing": "fill",
+    "flush_denormals": True,
 }
 
 

@@ -275,3 +275,43 @@ def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, re
         assert built == ([None] if workers else [None, 0])
     # the same rows scored either way: counts and accuracy are exact
     assert metrics[1] == metrics[0], metrics
+
+
+#: A float32 below the smallest normal one (1.18e-38): kept as it is by default, read as zero
+#: when the CPU flushes denormals.
+DENORMAL = 1e-39
+
+
+def _denormal_survives() -> bool:
+    return torch.tensor([DENORMAL], dtype=torch.float32).mul(1.0).item() != 0.0
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_the_fit_flushes_denormals_on_the_cpu_unless_told_not_to(
+    classes, tmp_path, monkeypatch, flush
+):
+    # Adam's moments and the gradients of units that stop firing decay into denormals over
+    # thousands of steps, and every one of them makes a CPU float operation tens of times
+    # slower: at 10^7 items the backward pass took most of the step (docs/performance.md).
+    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
+    from pipeline.training import fit as fit_module
+
+    seen: list[bool] = []
+    original = fit_module.model_for
+
+    def recording(spec, hidden):
+        model = original(spec, hidden)
+        model.register_forward_hook(lambda *_: seen.append(_denormal_survives()))
+        return model
+
+    monkeypatch.setattr(fit_module, "model_for", recording)
+    config = {"label": "lithi_label", "features": ["x"], "epochs": 1}
+    if not flush:
+        config["flush_denormals"] = False
+    run = run_fit(
+        load_trainer(REFERENCE_TRAINER), classes, config, output_dir=tmp_path,
+        log=lambda _: None,
+    )  # fmt: skip
+    assert run.reconciliation.ok
+    assert seen and set(seen) == {not flush}, seen
+    assert _denormal_survives()  # the thread's mode is as it was once the fit returns
