@@ -37,7 +37,7 @@ from pipeline.training.features import (
     regression_targets,
     to_features,
 )
-from pipeline.training.model import model_for, save_checkpoint
+from pipeline.training.model import model_for, save_checkpoint, scores
 from pipeline.training.reference_config import ReferenceConfig, check_config, checkpoint_config
 from pipeline.training.trainer import (
     FitContext,
@@ -366,7 +366,7 @@ def evaluate_model(
             ok = ok & tensor_to(accepted_mask(batch), device)
         if config.missing != "fill":  # a row it would not train on is not scored either
             ok = ok & ~incomplete_rows(batch, spec, device=device)
-        logits = model(to_features(batch, spec, device=device)).float()
+        logits = scores(model, to_features(batch, spec, device=device)).float()
         for k, part in enumerate((ok & hold, ok & ~hold)):
             acc[3 * k] += part.sum().double()
             if spec.task == "classification":

@@ -37,7 +37,7 @@ from pipeline.training.features import (
     to_features,
 )
 from pipeline.training.fit import CHECKPOINT
-from pipeline.training.model import MLP, load_checkpoint
+from pipeline.training.model import MLP, load_checkpoint, scores
 from pipeline.training.trainer import PredictContext
 
 #: Rows per prediction batch: on the CPU enough that each batch's fixed Python work is small
@@ -106,7 +106,7 @@ def _batches(
         # the split made visible: a baseline can be scored on the same held-out rows
         held = batch_holdout(batch, index, ctx.config.holdout_percent).numpy()
         batch = to_device(batch, device)
-        out = model(to_features(batch, spec, device=device, counts=counts))
+        out = scores(model, to_features(batch, spec, device=device, counts=counts))
         rows = out.shape[0]
         mask = None if guess else incomplete_rows(batch, spec, device=device).cpu().numpy()
         if mask is not None:
