@@ -297,10 +297,10 @@ def test_the_fit_flushes_denormals_on_the_cpu_unless_told_not_to(
     from pipeline.training import fit as fit_module
 
     seen: list[bool] = []
-    original = fit_module.model_for
+    built = fit_module.model_for
 
     def recording(spec, hidden):
-        model = original(spec, hidden)
+        model = built(spec, hidden)
         model.register_forward_hook(lambda *_: seen.append(_denormal_survives()))
         return model
 
@@ -341,10 +341,13 @@ def test_the_model_scores_large_cpu_batches_in_cache_sized_slices(tmp_path, monk
         return model
 
     built, loaded = fit_module.model_for, predict_module.load_checkpoint
+
+    def loading(path):
+        model, spec = loaded(path)
+        return record(model), spec
+
     monkeypatch.setattr(fit_module, "model_for", lambda *a: record(built(*a)))
-    monkeypatch.setattr(
-        predict_module, "load_checkpoint", lambda p: (record(loaded(p)[0]), loaded(p)[1])
-    )
+    monkeypatch.setattr(predict_module, "load_checkpoint", loading)
     config = {"label": "lithi_label", "features": ["x"], "epochs": 1, "batch_size": n}
     _, report, _, _, table = train(index, tmp_path / "out", config)
     assert report.ok and table.num_rows == n
