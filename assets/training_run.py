@@ -209,6 +209,7 @@ def _train_ray(
         *(["--credential-ref", ref] if ref else []),
         "--tether-url", exchange.heartbeat_url,
         "--tether-timeout", str(settings.ray_tether_seconds),
+        "--rank-wait", str(settings.ray_rank_wait_seconds),
     ]  # fmt: skip
     entrypoint = shlex.join([settings.ray_python, "-m", "pipeline.defs.ray_launch", *args])
     threads = settings.torch_threads or 1

@@ -75,6 +75,7 @@ class LithiEnv(BaseSettings):
     ray_worker_cpus: PositiveFloat = 1.0
     ray_worker_gpus: NonNegativeFloat = 0.0
     ray_tether_seconds: PositiveFloat = 60.0
+    ray_rank_wait_seconds: PositiveFloat = 60.0
     device: str = "auto"
     compute_root: Path | None = None
     compute_executor: Literal["subprocess", "inline"] = "subprocess"

@@ -64,6 +64,8 @@ class ChainSettings(dg.ConfigurableResource):
     ray_worker_gpus: NonNegativeFloat = 0.0
     # the Ray job stops once this step has not beaten for this long (it is gone)
     ray_tether_seconds: PositiveFloat = 60.0
+    # how long the Ray job waits for the cluster to place each rank (a busy cluster is slower)
+    ray_rank_wait_seconds: PositiveFloat = 60.0
     device: str = "auto"  # auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu, cuda[:N]
     # where each output bundle is also published, as <publish_url>/<version_id>/ (empty: not)
     publish_url: str = ""
