@@ -49,6 +49,11 @@ from pipeline.training.trainer import (
 
 CHECKPOINT = "model.pt"
 
+#: Devices whose Adam step runs fused, one kernel per parameter: torch's default on the CPU is a
+#: loop of a dozen small operations per parameter, a tenth of a small model's step
+#: (docs/performance.md). The arithmetic is Adam's either way; its rounding may differ.
+FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
 
 def _all_sum(values: list[float], world_size: int) -> list[float]:
     if world_size == 1:
@@ -188,7 +193,9 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     feature_set = feature_set.model_copy(update=_missing_record(fitted, config))
     device = ctx.device
     model = model_for(spec, config.hidden).to(device)  # initialised on the CPU
-    opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=config.learning_rate, fused=device.type in FUSED_ADAM_DEVICES
+    )
     curve: list[float] = []
     first_epoch, step, done = 0, 0, 0
     # loss x weight and weight summed this epoch, on the device: read once per epoch (or cut)
