@@ -3,8 +3,9 @@
 It reads only through the loaders the pipeline hands it (``ctx.loader``), so every pass is
 tallied and reconciled by the pipeline, not here. Rows are masked rather than dropped — held
 out, not accepted, without a label — so every DDP rank steps on every batch it has; with
-``world_size > 1`` the model is wrapped in DDP and each epoch runs under ``Join``, because
-disjoint shares differ in size by one item and a rank that runs out early must not hang others.
+``world_size > 1`` the model is wrapped in DDP, and an epoch whose shares differ in batches
+runs under ``Join``: disjoint shares may differ in size, and a rank that runs out early must not
+hang the others.
 
 On a GPU (``ctx.device``) the model, the normalisation and the loss run there: batches arrive
 pinned and are copied without blocking, and running sums stay on the device so no step waits
@@ -63,12 +64,13 @@ def _all_sum(values: list[float], world_size: int) -> list[float]:
     return t.tolist()
 
 
-def _all_min(value: int, world_size: int) -> int:
+def _all_min_max(value: int, world_size: int) -> tuple[int, int]:
+    """The least and the greatest ``value`` across ranks, in one all-reduce."""
     if world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
+        return value, value
+    t = torch.tensor([value, -value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
+    return int(t[0]), -int(t[1])
 
 
 def _targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +105,18 @@ def step_tensors(
     if config.weight_by_confidence and has_status:
         w = w * confidence_weights(batch)
     return to_features(batch, spec, device=device), tensor_to(y, device), w
+
+
+def _joined(
+    ddp: nn.parallel.DistributedDataParallel | None, *, uneven: bool
+) -> contextlib.AbstractContextManager:
+    """``Join`` over ``ddp`` where the ranks' shares may differ in batches, so a rank that runs
+    out shadows the others' all-reduces instead of leaving them waiting. Where every rank has
+    the same number of batches nothing is left to shadow, and Join would cost an all-reduce of
+    its own on every step (docs/performance.md)."""
+    if ddp is None or not uneven:
+        return contextlib.nullcontext()
+    return torch.distributed.algorithms.Join([ddp])
 
 
 def row_loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
@@ -228,17 +242,19 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     if ctx.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
         net = ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    # a leg resumed from a cut may be cut anew at another shape: it always runs under Join
+    resumed_epoch = first_epoch if resumed is not None else -1
     for epoch in range(first_epoch, config.epochs):
         if not (resumed is not None and epoch == first_epoch):
             loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
             done = 0
             sums.zero_()
-        common = _all_min(len(loader), ctx.world_size)  # batches every rank steps on this leg
+        # batches every rank steps on this leg, and the most any rank has
+        common, most = _all_min_max(len(loader), ctx.world_size)
         # ``step`` counts the steps every rank has taken, so the ranks agree on when a cut is
         # due and name it alike even when their shares differ in batches (Join evens them out)
         base = step - done
-        join = contextlib.nullcontext() if ddp is None else torch.distributed.algorithms.Join([ddp])
-        with join:
+        with _joined(ddp, uneven=common != most or epoch == resumed_epoch):
             for batch in loader:
                 x, y, w = step_tensors(batch, spec, config, index, has_status, device)
                 train_step(net, opt, x, y, w, sums, config)
