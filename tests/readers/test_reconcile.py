@@ -170,3 +170,19 @@ def test_keyed_coverage_names_missing_extra_and_repeated_ids():
     assert (off.extra, off.extra_examples) == (1, ["99999"])
     assert (off.duplicates, off.duplicate_examples) == (1, ["00001"])
     assert len(off.problems()) == 3 and "99999" in off.problems()[1]
+
+
+@pytest.mark.parametrize("as_arrow", [False, True])
+def test_a_tally_counts_every_status_it_meets_nulls_and_strangers_included(as_arrow):
+    # statuses as the readers hand them over (a list of strings) or as Arrow: the same counts,
+    # and a value a valid bundle never holds is counted under its own name, not dropped
+    status = ["accepted", "failed", None, "accepted", "pending", "abstained", "accepted"]
+    tally = Tally("id")
+    batch = {"id": [f"i{k}" for k in range(len(status))], "lithi_status": status}
+    if as_arrow:
+        batch["lithi_status"] = pa.array(status, pa.string())
+    tally.update(batch)
+    tally.update({"id": ["j"], "lithi_status": ["failed"]})
+    assert tally.counts.by_status == {
+        "accepted": 3, "failed": 2, "abstained": 1, "None": 1, "pending": 1,
+    }  # fmt: skip
