@@ -7,6 +7,8 @@ without dropping identity: every column and mask is selected alike.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,8 +85,12 @@ def accepted_mask(batch: Batch) -> torch.Tensor:
     status = batch.get(fmt.STATUS_COLUMN)
     if status is None:
         raise KeyError(f"batch has no {fmt.STATUS_COLUMN!r}: only result bundles have statuses")
-    # one vectorised comparison over the batch's strings, not a Python bool per row
-    flags = np.asarray(np.array(status, dtype=object) == "accepted", dtype=np.bool_)
+    if isinstance(status, list):  # as the readers hand strings over: compared in one C loop
+        flags = np.fromiter(
+            map(operator.eq, status, itertools.repeat("accepted")), np.bool_, count=len(status)
+        )
+    else:
+        flags = np.asarray(np.array(status, dtype=object) == "accepted", dtype=np.bool_)
     return torch.from_numpy(flags.reshape(len(status)))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +21,7 @@ from pipeline.readers import (
     Owner,
     OwnerSampler,
     PartIterableDataset,
+    accepted_mask,
     accepted_only,
     collate_batches,
     confidence_weights,
@@ -174,6 +176,15 @@ def test_accepted_only_filters_every_column_alike(index):
     assert len(a["item_id"]) == a["x"].shape[0] == a["label"].shape[0] == 10
     for i, id_ in enumerate(a["item_id"]):
         assert a["x"][i, 0].item() == 10 * int(id_)
+
+
+@pytest.mark.parametrize("form", ["list", "numpy", "arrow"])
+def test_accepted_mask_reads_nulls_and_other_values_as_not_accepted(form):
+    status = ["accepted", None, "failed", "accepted", "abstained", "Accepted", ""]
+    value = {"list": status, "numpy": np.array(status, dtype=object)}.get(form)
+    mask = accepted_mask({"lithi_status": pa.array(status) if value is None else value})
+    assert mask.dtype == torch.bool
+    assert mask.tolist() == [True, False, False, True, False, False, False]
 
 
 def test_collate_batches_passes_batches_and_stacks_rows(index):
