@@ -128,8 +128,8 @@ class Tally:
 
 def _status_counts(status: Any) -> dict[Any, int]:
     """Rows per ``lithi_status`` value of one batch (``None`` for a null). A batch's statuses
-    are a list of a few distinct strings: counted in place, as building an Arrow array of them
-    first would cost three times as much, on every batch of every pass."""
+    are a list of a few distinct strings: counted in place, since building an Arrow array of
+    them first costs more than the counting, on every batch of every pass."""
     if isinstance(status, list):
         return Counter(status)
     found, unknown = fmt.count_statuses(pa.array(status, type=pa.string()))

@@ -51,7 +51,7 @@ from pipeline.training.trainer import (
 CHECKPOINT = "model.pt"
 
 #: Devices whose Adam step runs fused, one kernel per parameter: torch's default on the CPU is a
-#: loop of a dozen small operations per parameter, a tenth of a small model's step
+#: loop of small operations per parameter, a sizeable share of a small model's step
 #: (docs/performance.md). The arithmetic is Adam's either way; its rounding may differ.
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
 
