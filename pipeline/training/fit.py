@@ -242,10 +242,9 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     if ctx.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
         net = ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    # a leg resumed from a cut may be cut anew at another shape: it always runs under Join
-    resumed_epoch = first_epoch if resumed is not None else -1
     for epoch in range(first_epoch, config.epochs):
-        if not (resumed is not None and epoch == first_epoch):
+        resuming = resumed is not None and epoch == first_epoch
+        if not resuming:
             loader.set_epoch(epoch + 1)  # epoch 0 was the fitting pass
             done = 0
             sums.zero_()
@@ -254,7 +253,9 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
         # ``step`` counts the steps every rank has taken, so the ranks agree on when a cut is
         # due and name it alike even when their shares differ in batches (Join evens them out)
         base = step - done
-        with _joined(ddp, uneven=common != most or epoch == resumed_epoch):
+        # a resumed leg's len() may count its whole epoch rather than what each rank has left:
+        # those counts cannot show the ranks even, so it always runs under Join
+        with _joined(ddp, uneven=common != most or resuming):
             for batch in loader:
                 x, y, w = step_tensors(batch, spec, config, index, has_status, device)
                 train_step(net, opt, x, y, w, sums, config)
