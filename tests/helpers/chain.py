@@ -24,6 +24,7 @@ from resources.dagster.chain_settings import ChainSettings
 from resources.dagster.clients import BundleStoreResource, ComputeResource
 from resources.dagster.io_manager import ChainIOManager
 from resources.settings import REPO_ROOT
+from tests.helpers.timing import limit
 
 #: The chain's edges: the versions Compute published feed the manifest read, each link feeds the
 #: next, and the output bundle also names its training run.
@@ -46,7 +47,9 @@ def chain_resources(
     home: Path, job_id: str, *, compute_root: Path | None = None, **settings: object
 ) -> dict[str, object]:
     """Resources for an in-process chain over ``home`` (inline Compute, no DataLoader workers,
-    one torch thread as in the rest of the suite).
+    one torch thread as in the rest of the suite; a Ray launch waits for its ranks to be placed
+    as long as the suite's other waits, since a busy machine places them slowly and placing is
+    not what a test judges).
 
     ``compute_root`` points at a shared, already-labelled Compute (default ``home/compute``);
     the cache and artifacts are always the test's own. ``settings`` are :class:`ChainSettings`
@@ -61,7 +64,13 @@ def chain_resources(
         "chain_io_manager": ChainIOManager(artifacts=artifacts, bundle_store=store),
         "chain_settings": ChainSettings(
             job_id=job_id,
-            **{"world_size": 1, "num_workers": 0, "torch_threads": 1, **settings},
+            **{
+                "world_size": 1,
+                "num_workers": 0,
+                "torch_threads": 1,
+                "ray_rank_wait_seconds": limit(300),
+                **settings,
+            },
         ),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }

@@ -224,15 +224,12 @@ from assets import CHAIN_ASSETS
 from assets.training_run import TrainingConfig
 from resources.dagster.clients import BundleStoreResource
 from tests.helpers.chain import chain_resources
-from tests.helpers.timing import limit
 
 a = json.loads(sys.argv[1])
 resources = chain_resources(
     __import__("pathlib").Path(a["home"]), a["job_id"], compute_root=a["compute_root"],
     world_size=2, num_workers=0, launcher="ray", ray_artifacts_url=a["url"],
     ray_credential_ref=a["ref"], ray_python=sys.executable, ray_tether_seconds=5,
-    # placing ranks is not what these tests judge: a busy machine starts them slowly
-    ray_rank_wait_seconds=limit(300),
 )
 resources["bundle_store"] = BundleStoreResource(
     cache_dir=a["home"] + "/cache", credential_refs={a["ref"]: a["secret_env"]}
