@@ -3,9 +3,9 @@
 It reads only through the loaders the pipeline hands it (``ctx.loader``), so every pass is
 tallied and reconciled by the pipeline, not here. Rows are masked rather than dropped — held
 out, not accepted, without a label — so every DDP rank steps on every batch it has; with
-``world_size > 1`` the model is wrapped in DDP, and an epoch whose shares differ in batches
-runs under ``Join``: disjoint shares may differ in size, and a rank that runs out early must not
-hang the others.
+``world_size > 1`` the model is wrapped in DDP, and where the ranks' shares differ in batches
+the steps beyond the shortest share run under ``Join``: disjoint shares may differ in size, and
+a rank that runs out early must not hang the others.
 
 On a GPU (``ctx.device``) the model, the normalisation and the loss run there: batches arrive
 pinned and are copied without blocking, and running sums stay on the device so no step waits
@@ -18,6 +18,7 @@ every device.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 
 import torch
@@ -113,10 +114,11 @@ def _joined(
     """``Join`` over ``ddp`` where the ranks' shares may differ in batches, so a rank that runs
     out shadows the others' all-reduces instead of leaving them waiting. Where every rank has
     the same number of batches nothing is left to shadow, and Join would cost an all-reduce of
-    its own on every step (docs/performance.md)."""
-    if ddp is None or not uneven:
+    its own on every step (docs/performance.md): there it is entered disabled, since a Join
+    leaves its setting on DDP after it exits and an earlier one would still be on."""
+    if ddp is None:
         return contextlib.nullcontext()
-    return torch.distributed.algorithms.Join([ddp])
+    return torch.distributed.algorithms.Join([ddp], enable=uneven)
 
 
 def row_loss(out: torch.Tensor, y: torch.Tensor, task: Task) -> torch.Tensor:
@@ -242,6 +244,28 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     if ctx.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
         net = ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def save_cut(step: int, epoch: int, done: int) -> None:
+        """A mid-fit cut after ``step``: what every rank shares, and this rank's own place."""
+        ctx.progress.save(
+            step,
+            shared={
+                "spec": spec.model_dump(),
+                "fitted": {
+                    "missing": fitted.missing,
+                    "incomplete_rows": fitted.incomplete_rows,
+                    "rows": fitted.rows,
+                },
+                "model": cpu_state_dict(model),
+                "optimizer": opt.state_dict(),
+                "rng": torch.get_rng_state(),
+                "loss_curve": curve,
+                "epoch": epoch,
+                "done": done,
+            },
+            local={"loader": loader.state_dict(), "sums": sums.tolist()},
+        )
+
     for epoch in range(first_epoch, config.epochs):
         resuming = resumed is not None and epoch == first_epoch
         if not resuming:
@@ -253,35 +277,27 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
         # ``step`` counts the steps every rank has taken, so the ranks agree on when a cut is
         # due and name it alike even when their shares differ in batches (Join evens them out)
         base = step - done
-        # a resumed leg's len() may count its whole epoch rather than what each rank has left:
-        # those counts cannot show the ranks even, so it always runs under Join
-        with _joined(ddp, uneven=common != most or resuming):
-            for batch in loader:
-                x, y, w = step_tensors(batch, spec, config, index, has_status, device)
-                train_step(net, opt, x, y, w, sums, config)
-                done += 1
-                if done > common:  # this rank steps on alone (the others joined): no cut
-                    continue
-                step = base + done
-                if ctx.progress.due(step):
-                    ctx.progress.save(
-                        step,
-                        shared={
-                            "spec": spec.model_dump(),
-                            "fitted": {
-                                "missing": fitted.missing,
-                                "incomplete_rows": fitted.incomplete_rows,
-                                "rows": fitted.rows,
-                            },
-                            "model": cpu_state_dict(model),
-                            "optimizer": opt.state_dict(),
-                            "rng": torch.get_rng_state(),
-                            "loss_curve": curve,
-                            "epoch": epoch,
-                            "done": done,
-                        },
-                        local={"loader": loader.state_dict(), "sums": sums.tolist()},
-                    )
+        # Every rank has its first ``common`` batches, so those run in plain DDP; only the
+        # rest, where the shares differ, runs under Join (which all-reduces on every step of
+        # its own), and a rank with nothing left joins at once. A resumed leg's len() may
+        # count its whole epoch rather than what each rank has left: those counts cannot show
+        # the ranks even, so all of it runs under Join.
+        batches = iter(loader)
+        plain = 0 if resuming else common
+        for part, uneven in (
+            (itertools.islice(batches, plain), False),
+            (batches, common != most or resuming),
+        ):
+            with _joined(ddp, uneven=uneven):
+                for batch in part:
+                    x, y, w = step_tensors(batch, spec, config, index, has_status, device)
+                    train_step(net, opt, x, y, w, sums, config)
+                    done += 1
+                    if done > common:  # this rank steps on alone (the others joined): no cut
+                        continue
+                    step = base + done
+                    if ctx.progress.due(step):
+                        save_cut(step, epoch, done)
         total_loss, total_w = _all_sum(sums.tolist(), ctx.world_size)
         curve.append(total_loss / max(total_w, 1e-8))
         if ctx.rank == 0:

@@ -1,6 +1,7 @@
-"""Two real torchrun ranks: an epoch runs under ``Join`` only where the ranks' shares differ in
-batches. Join all-reduces a flag on every step of its own, so where every rank has as many
-batches it is pure cost; where they differ it is what keeps the longer rank from hanging."""
+"""Two real torchrun ranks: steps run under ``Join`` only where the ranks' shares differ in
+batches, and only beyond the shorter share. Join all-reduces a flag on every step of its own, so
+where every rank still has batches it is pure cost; beyond that it is what keeps the longer
+rank from hanging."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from pipeline.readers import make_loader
 from pipeline.training.runner import TrainSummary
 from tests.helpers.torchrun import run_torchrun
-from tests.helpers.training import BATCH, N, classes_index, fit_config
+from tests.helpers.training import BATCH, EPOCHS, N, classes_index, fit_config
 
 
 @pytest.mark.timeout(600)
@@ -34,3 +35,6 @@ def test_the_ranks_join_only_where_their_shares_differ_in_batches(tmp_path, styl
     summary = TrainSummary.model_validate_json((out / "summary.json").read_text())
     assert summary.reconciliation.ok and summary.reconciliation.items_iterated == N
     assert sorted(p.name for p in marks.iterdir()) == (["rank-0", "rank-1"] if uneven else [])
+    if uneven:  # only the steps beyond the shorter share ran under Join, on the longer rank
+        joined = [int((marks / f"rank-{r}").read_text()) for r in (0, 1)]
+        assert joined == [EPOCHS * (b - min(batches)) for b in batches], (joined, batches)
