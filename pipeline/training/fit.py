@@ -185,7 +185,7 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     resumed = ctx.progress.load()
     if resumed is None:
         fitted = fit_features(
-            loader,
+            whole_pass(ctx, loader, config, columns, epoch=0),
             fields,
             task=config.task,
             label=config.label,
@@ -197,6 +197,7 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
             max_categories=config.max_categories,
             index=index,
         )
+        loader.set_batch_size(config.batch_size)  # the epochs step on the batches asked for
         _refuse_missing(fitted, config)
         if ctx.rank == 0:
             _log_fitted(ctx, fitted, config)
@@ -354,8 +355,41 @@ def _log_fitted(ctx: FitContext, fitted: FittedFeatures, config: ReferenceConfig
         )
 
 
-#: Rows per evaluation batch at the least: it needs no particular batch, only fewer of them.
-EVAL_BATCH_ROWS = 1024
+#: Rows per batch at the least of a pass read in this process that needs no particular batch
+#: (the fitting pass, the evaluation): its per-batch work (masks, targets, the tally) is paid
+#: less often, while the model's forward is sliced anyway (``scores``).
+WHOLE_PASS_ROWS = 4096
+
+
+def whole_pass(
+    ctx: FitContext,
+    fit_loader: TalliedLoader,
+    config: ReferenceConfig,
+    columns: list[str],
+    *,
+    epoch: int,
+) -> TalliedLoader:
+    """The loader of a pass that needs no particular batch: the fitting pass (``epoch`` 0)
+    or the evaluation (one epoch past the last).
+
+    With worker processes, it is the fit's own loader at ``epoch``, cut in whole worker
+    messages (set the batch size back before stepping on it), so no other worker is forked:
+    workers forked for a second loader while the fit's persistent workers still had their queue
+    threads could inherit a held lock and never start, leaving a rank hung while the others
+    wait for it in an all-reduce. Without workers it is a loader of its own reading ``columns``
+    in this process, in batches of :data:`WHOLE_PASS_ROWS` or more.
+    """
+    if fit_loader.loader.num_workers > 0:
+        fit_loader.set_epoch(epoch)
+        fit_loader.set_batch_size(max(config.batch_size, fit_loader.loader.message_rows))
+        return fit_loader
+    return ctx.loader(
+        style=config.reader,
+        batch_size=max(config.batch_size, WHOLE_PASS_ROWS),
+        shuffle=False,
+        num_workers=0,
+        columns=columns,
+    )
 
 
 @torch.no_grad()
@@ -365,36 +399,21 @@ def evaluate_model(
     spec: FeatureSpec,
     config: ReferenceConfig,
     *,
-    fit_loader: TalliedLoader | None = None,
+    fit_loader: TalliedLoader,
 ) -> dict[str, float]:
     """Held-out and training metrics on the accepted rows with a label, summed across ranks.
 
     Classification: accuracy. Regression: RMSE and MAE in the label's own units.
 
-    With worker processes, the pass reads through the fit's own loader (``fit_loader``: the
-    same columns, one more epoch of its order, whole worker messages per batch), so its
-    workers read while the model scores and no other worker is forked: workers forked for a
-    second loader while the fit's persistent workers still had their queue threads could
-    inherit a held lock and never start, leaving a rank hung here while the others wait for it
-    in the all-reduce. Without workers it reads in this process, in batches of
-    :data:`EVAL_BATCH_ROWS` or more.
+    The pass reads as :func:`whole_pass` says: with worker processes through the fit's own
+    loader (``fit_loader``), one more epoch of its order, so its workers read while the model
+    scores; without, in this process.
     """
     model.eval()
     index = ctx.index
     device = ctx.device
-    loader = fit_loader
-    if loader is not None and loader.loader.num_workers > 0:
-        loader.set_epoch(config.epochs + 1)
-        loader.set_batch_size(max(config.batch_size, loader.loader.message_rows))
-    else:
-        columns = [config.label, *(c.name for c in spec.columns)]
-        loader = ctx.loader(
-            style=config.reader,
-            batch_size=max(config.batch_size, EVAL_BATCH_ROWS),
-            shuffle=False,
-            num_workers=0,
-            columns=columns,
-        )
+    columns = [config.label, *(c.name for c in spec.columns)]
+    loader = whole_pass(ctx, fit_loader, config, columns, epoch=config.epochs + 1)
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:

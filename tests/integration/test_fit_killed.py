@@ -27,7 +27,7 @@ from pipeline.training.runner import TrainSummary
 from tests.helpers import fit_once
 from tests.helpers.timing import limit, wait_until
 from tests.helpers.torchrun import run_torchrun
-from tests.helpers.training import BATCH, EPOCHS, N, classes_index, fit_config
+from tests.helpers.training import EPOCHS, N, classes_index, fit_config
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +100,10 @@ def test_a_killed_fit_resumes_from_its_last_cut_exactly_once(
     index, uninterrupted, tmp_path, style, every, kill_step, resume_step
 ):
     progress = tmp_path / "progress"
-    batches = -(-N // BATCH)
     env = {
         "FIT_TRAINER": "tests.helpers.killed_trainer:KilledOnce",
         "KILL_MARKER": str(tmp_path / "killed"),
-        "KILL_AFTER": str(batches + kill_step),  # the fitting pass comes first
+        "KILL_AFTER": str(kill_step),  # training steps (the fitting pass does not count)
     }
     killed = _fit(index, tmp_path / "first", progress, style, every, env)
     assert killed == -signal.SIGKILL  # the child's traceback, if any, is in the captured output
@@ -159,12 +158,12 @@ def test_a_fit_cut_on_two_ranks_resumes_on_one_and_on_three_exactly_once(index, 
     """Rank 1 of 2 dies mid-epoch 1, after a cut; the same fit restarted on 1 rank, and (from a
     copy of the same cut) on 3, resumes the model and the readers' positions and reconciles the
     interrupted pass as one: every item once, none twice, none lost."""
-    every, per_rank = 3, -(-(N // 2) // BATCH)
+    every = 3
     env = {
         "FIT_TRAINER": "tests.helpers.killed_trainer:KilledOnce",
         "KILL_MARKER": str(tmp_path / "killed"),
         "KILL_RANK": "1",
-        "KILL_AFTER": str(per_rank + 5),  # 5 steps in: after the cut at step 3 (or later)
+        "KILL_AFTER": "5",  # 5 steps in: after the cut at step 3 (or later)
     }
     progress = tmp_path / "progress"
     assert _torchrun_fit(index, tmp_path / "killed-run", progress, style, every, env, 2) != 0

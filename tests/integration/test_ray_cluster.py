@@ -178,8 +178,8 @@ def test_a_node_lost_mid_epoch_resumes_on_the_nodes_left(tmp_path, labelled_samp
     two ranks; the interrupted epoch reconciles as one."""
     marker = tmp_path / "stalled"
     url = f"s3://{s3.new_bucket()}/exchange"
-    # wine: 178 items, 89 a rank, 12 batches of 8 in the fitting pass; then step 8 of epoch 1
-    env = {"STALL_MARKER": str(marker), "STALL_RANK": "1", "STALL_AFTER": str(12 + 8)}
+    # wine: 178 items, 89 a rank, 12 batches of 8 an epoch: stalled at step 8 of epoch 1
+    env = {"STALL_MARKER": str(marker), "STALL_RANK": "1", "STALL_AFTER": "8"}
     config = TrainingConfig(
         trainer="tests.helpers.stalled_trainer:NodeLostOnce",
         epochs=2,

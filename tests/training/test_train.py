@@ -271,8 +271,9 @@ def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, re
         )  # fmt: skip
         assert run.reconciliation.ok and run.passes == 2 + 2
         metrics[workers] = run.result.metrics
-        # with workers, one loader for every pass; without, the evaluation reads in-process
-        assert built == ([None] if workers else [None, 0])
+        # with workers, one loader for every pass; without, the fitting pass and the
+        # evaluation each read in-process, in larger batches
+        assert built == ([None] if workers else [None, 0, 0])
     # the same rows scored either way: counts and accuracy are exact
     assert metrics[1] == metrics[0], metrics
 
