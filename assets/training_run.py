@@ -23,6 +23,7 @@ from assets import _metadata as md
 from assets._group import CHAIN_GROUP, IO_MANAGER_KEY
 from assets._refusal import refusal
 from pipeline.readers.index import Index
+from pipeline.tethered import tethered
 from pipeline.training.device import choose_device
 from pipeline.training.record import (
     CHECKPOINT_DIR,
@@ -32,7 +33,6 @@ from pipeline.training.record import (
     write_record,
 )
 from pipeline.training.runner import OUTCOME, TrainSummary, progress_key, train_once
-from pipeline.training.tethered import tethered
 from pipeline.training.threads import intra_op_threads, torch_threads
 from pipeline.training.trainer import (
     REFERENCE_TRAINER,

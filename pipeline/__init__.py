@@ -9,6 +9,7 @@ from its subpackages, each of which says its dependencies:
   sampler, loader, reconcile;
 - :mod:`pipeline.training` — the trainer interface, the pipeline's side of a run, devices and
   the reference trainer (pure torch, no Dagster);
+- :mod:`pipeline.tethered` — a launch that dies with its step (standard library only);
 - :mod:`pipeline.cli` — ``lithi-bundle``;
 - :mod:`pipeline.defs` — the Dagster wiring: definitions, jobs, sensor, schedule, the partial
   policy, the instance, the torchrun launch, the daemon harness, the demo and its samples.

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from pipeline.bundle.contents import ids_decoded
 from pipeline.bundle.digest import file_bytes_hashed
 from pipeline.readers.index import Index, IndexMismatch
-from pipeline.readers.lifetime import die_with_parent
+from pipeline.tethered import die_with_parent
 from pipeline.training.device import choose_device, process_group_backend
 from pipeline.training.runner import train_once
 from pipeline.training.trainer import load_trainer

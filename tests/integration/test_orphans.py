@@ -113,7 +113,7 @@ def test_a_readers_workers_die_when_it_is_killed(bundle, tmp_path, style):
 STEP = textwrap.dedent(
     """
     import json, subprocess, sys
-    from pipeline.training.tethered import tethered
+    from pipeline.tethered import tethered
     subprocess.run(tethered(json.loads(sys.argv[1])))
     """
 )
