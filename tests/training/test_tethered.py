@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from pipeline.tethered import tethered
+from tests.helpers.timing import limit
 
 
 def test_the_tether_imports_nothing_heavy_before_it_execs_the_command():
@@ -17,11 +18,17 @@ def test_the_tether_imports_nothing_heavy_before_it_execs_the_command():
         "print(sorted(m for m in ('torch', 'pyarrow', 'dagster', 'pydantic') if m in sys.modules))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=limit(120),
     )
     assert out.stdout.strip() == "[]", (module, out.stdout, out.stderr[-2000:])
 
 
 def test_the_tethered_command_runs_and_its_status_comes_back():
-    ok = subprocess.run(tethered([sys.executable, "-c", "raise SystemExit(3)"]), timeout=120)
-    assert ok.returncode == 3
+    ran = subprocess.run(
+        tethered([sys.executable, "-c", "raise SystemExit(3)"]), timeout=limit(120)
+    )
+    assert ran.returncode == 3
