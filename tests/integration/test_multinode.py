@@ -29,6 +29,7 @@ from pipeline.training.trainer import REFERENCE_TRAINER
 from resources.bundle_store import BundleStore
 from resources.compute.faults import FaultSpec
 from tests.helpers.ports import free_port
+from tests.helpers.stacks import DUMP_ON_ABORT, abort_tree
 from tests.helpers.timing import limit, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,8 @@ def test_a_node_lost_mid_epoch_resumes_on_the_node_left_with_nnodes_min_max(tmp_
         "--progress-dir", str(progress), "--checkpoint-every", "5",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    # torchrun's agent logs its rendezvous rounds (LOGLEVEL), and a hung process its stacks
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), LOGLEVEL="INFO", **DUMP_ON_ABORT)
     port = free_port()
 
     def start(name: str) -> subprocess.Popen:
@@ -174,7 +176,15 @@ def test_a_node_lost_mid_epoch_resumes_on_the_node_left_with_nnodes_min_max(tmp_
         assert json.loads((progress / "committed.json").read_text())["world_size"] == 2
         os.killpg(second.pid, signal.SIGKILL)
         second.wait()
-        first.wait(timeout=limit(420))
+        try:
+            first.wait(timeout=limit(420))
+        except subprocess.TimeoutExpired:
+            aborted = abort_tree(first.pid)  # each process prints where it is stuck
+            log = (tmp_path / "node-0.log").read_text()
+            pytest.fail(
+                "the first node did not finish; aborted:\n  " + "\n  ".join(aborted)
+                + "\nits log:\n" + log[-20000:]
+            )  # fmt: skip
     finally:
         for node in (first, second):
             if node.poll() is None:
