@@ -11,8 +11,9 @@ shuffled, pinned on CUDA). Then, in one run, each figure beside a limit measured
    dtypes, pre-allocated on both sides (the PCIe and launch limit, no reader in the way). The
    limit is measured before and after the loader's epoch and the higher counts.
 2. GPU idle waiting for data: one training epoch with the reference trainer's step
-   (``step_tensors``: ``to_device`` then ``to_features``, loss, backward, Adam, running sums
-   kept on the device), with the reference MLP (hidden 128) and one 10x wider (hidden 1280).
+   (``fit_tensors``, which with workers they derive on the host as they read and without them
+   is ``to_device`` then ``to_features``; loss, backward, Adam, running sums kept on the
+   device), with the reference MLP (hidden 128) and one 10x wider (hidden 1280).
    The limit is the same number of steps on one batch already on the device (its masks built
    once), timed before and after the epoch, the faster counting; idle = 1 - compute / epoch.
    A step the GPU finishes faster than the host can prepare the next batch shows as idle.
@@ -31,6 +32,7 @@ if an epoch does not reconcile.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -58,7 +60,14 @@ from pipeline.readers.reconcile import ReconcileReport, Tally, reconcile  # noqa
 from pipeline.training.device import choose_device, to_device, wants_pinned_memory  # noqa: E402
 from pipeline.training.feature_fit import fit_spec  # noqa: E402
 from pipeline.training.features import FeatureSpec, to_features  # noqa: E402
-from pipeline.training.fit import step_tensors, train_step  # noqa: E402
+from pipeline.training.fit import (  # noqa: E402
+    WEIGHT,
+    X,
+    Y,
+    batch_tensors,
+    fit_tensors,
+    train_step,
+)
 from pipeline.training.model import MLP  # noqa: E402
 from pipeline.training.reference_config import ReferenceConfig  # noqa: E402
 
@@ -213,8 +222,8 @@ def host_waits(model, opt, sample: dict, spec: FeatureSpec, config, index: Index
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            x, y, w = step_tensors(sample, spec, config, index, index.is_result, device)
-            train_step(model, opt, x, y, w, sums, config)
+            tensors = fit_tensors(sample, spec=spec, config=config, index=index, device=device)
+            train_step(model, opt, tensors[X], tensors[Y], tensors[WEIGHT], sums, config)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     sync(device)  # the step's own work, not the next measurement's
@@ -250,8 +259,8 @@ def train_epoch(
     t = time.perf_counter()
     for batch in loader:
         tally.update(batch)
-        x, y, w = step_tensors(batch, spec, config, index, index.is_result, device)
-        train_step(model, opt, x, y, w, sums, config)
+        tensors = batch_tensors(batch, spec, config, index, device)  # as the fit takes them
+        train_step(model, opt, tensors[X], tensors[Y], tensors[WEIGHT], sums, config)
         steps += 1
     sync(device)
     seconds = time.perf_counter() - t
@@ -275,7 +284,8 @@ def idle_check(
     step makes the host wait for the GPU."""
     model, opt = model_and_optimizer(spec, hidden, config, device)
     # the sample's masks are host work built once: the limit is the device's share of a step
-    _, y, w = step_tensors(sample, spec, config, index, index.is_result, device)
+    tensors = fit_tensors(sample, spec=spec, config=config, index=index, device=device)
+    y, w = tensors[Y], tensors[WEIGHT]
     resident = to_device(sample, device)
     steps = len(loader)
     compute_seconds(model, opt, resident, y, w, spec, WARMUP_STEPS, config, device)
@@ -396,7 +406,10 @@ def run(out: Path, items: int, batch_size: int, workers: int, device, t0: float)
         flush=True,
     )
 
-    # 2. and 3. idle fraction per model, each epoch reconciled
+    # 2. and 3. idle fraction per model, each epoch reconciled; with workers, they derive each
+    # batch's tensors, as they do for the reference trainer
+    if workers > 0:
+        loader.set_derive(functools.partial(fit_tensors, spec=spec, config=config, index=index))
     idle_mlp, rec_mlp, waits = idle_check(
         "mlp", HIDDEN, loader, index, spec, sample, config, device, 2
     )

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from pipeline.readers import lifetime
+from pipeline.readers.derive import Derive, derived_wire
 from pipeline.readers.index import Index
 from pipeline.readers.tensors import Wire
 
@@ -108,7 +109,18 @@ def _pipe_bytes() -> int:
         return PIPE_BYTES
 
 
-class WireMap(Dataset):
+class _Deriving:
+    """The loader's derive function (:mod:`pipeline.readers.derive`), applied to each message
+    where it is read; ``None`` sends the columns read."""
+
+    derive: Derive | None = None
+    id_field: str = ""
+
+    def _derived(self, wire: Wire) -> Wire:
+        return wire if self.derive is None else derived_wire(wire, self.derive, self.id_field)
+
+
+class WireMap(_Deriving, Dataset):
     """What a map-style worker fetches: ``MapDataset`` batches in their wire form.
 
     Tagged with prefix 0, like the iterable reader's worker tags: a map-style epoch is one
@@ -117,18 +129,19 @@ class WireMap(Dataset):
 
     def __init__(self, dataset: MapDataset) -> None:
         self.dataset = dataset
+        self.id_field = dataset.index.id_field
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[int, Wire]:
-        return 0, self.dataset.take_wire(indices)
+        return 0, self._derived(self.dataset.take_wire(indices))
 
     def __getitem__(self, i: int) -> tuple[int, Wire]:
         return self.__getitems__([i])
 
 
-class WireIterable(IterableDataset):
+class WireIterable(_Deriving, IterableDataset):
     """What an iterable worker streams: its batches in wire form, tagged with the worker.
 
     The main process counts delivered rows per worker-owner from the tag: a worker's own
@@ -137,6 +150,7 @@ class WireIterable(IterableDataset):
 
     def __init__(self, dataset: PartIterableDataset) -> None:
         self.dataset = dataset
+        self.id_field = dataset.index.id_field
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -144,7 +158,7 @@ class WireIterable(IterableDataset):
     def __iter__(self) -> Iterator[tuple[int, Wire]]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        return ((worker, w) for w in self.dataset.iter_wire())
+        return ((worker, self._derived(w)) for w in self.dataset.iter_wire())
 
 
 def as_is(item: Any) -> Any:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from pipeline.readers import _worker, lifetime
 from pipeline.readers._progress import IterableProgress, MapProgress, Progress
+from pipeline.readers.derive import Derive
 from pipeline.readers.index import Index
 from pipeline.readers.iterable import PartIterableDataset
 from pipeline.readers.map_style import MapDataset
@@ -65,6 +66,7 @@ def make_loader(
     transfer_batches: int | None = None,
     share_decoded: bool = True,
     pin_memory: bool = False,
+    derive: Derive | None = None,
     **loader_kwargs: Any,
 ) -> ReaderLoader:
     """A resumable loader over this rank's share of ``index`` (a :class:`ReaderLoader`).
@@ -84,7 +86,9 @@ def make_loader(
     every batch's tensors (for a CUDA device), once per message in the main process: torch's
     own ``pin_memory`` would see only the workers' wire form, numpy arrays it leaves unpinned.
     ``mix`` (with ``shuffle``) draws ownership per epoch so every rank reads from every part and
-    an iterable batch from several row groups (see :mod:`pipeline.readers.mix`).
+    an iterable batch from several row groups (see :mod:`pipeline.readers.mix`). ``derive``
+    computes tensors from each batch where it is read, in place of its columns (see
+    :meth:`ReaderLoader.set_derive`).
     """
     if transfer_batches is None:
         transfer_batches = 1 if num_workers == 0 or drop_last else _auto_transfer(batch_size)
@@ -149,9 +153,11 @@ def make_loader(
         progress = IterableProgress(ids)
     else:
         raise ValueError(f"style must be 'map' or 'iterable', got {style!r}")
-    return ReaderLoader(
+    loader = ReaderLoader(
         inner, batch_size, progress, transfer_batches=transfer_batches, pin_memory=pin_memory
     )
+    loader.set_derive(derive)
+    return loader
 
 
 class ReaderLoader:
@@ -257,6 +263,33 @@ class ReaderLoader:
                 "a loaded state waits to be resumed; iterate it before changing the batch size"
             )
         self.batch_size = batch_size
+
+    def set_derive(self, derive: Derive | None) -> None:
+        """Have the next epochs' batches hold ``derive``'s tensors in place of their columns.
+
+        ``derive`` (:mod:`pipeline.readers.derive`) runs where the batch is read: in the worker
+        processes, on each worker message, so the main process receives the tensors it would
+        otherwise compute itself between steps. The batches keep the id, the ``lithi_*``
+        columns and the rows' positions, so a pass is counted as before. ``None`` sends the
+        columns again. Between epochs only; persistent workers (the map-style reader's) hold
+        the function they were started with, so they are stopped here and the next epoch starts
+        new ones. With ``fork`` workers the function is inherited; with ``spawn`` it must pickle.
+        """
+        if self._pending:
+            raise ValueError(
+                "a loaded state waits to be resumed; iterate it before changing what is derived"
+            )
+        wired = self.loader.dataset  # what the workers iterate
+        assert isinstance(wired, _worker.WireMap | _worker.WireIterable)
+        if wired.derive is derive:
+            return
+        wired.derive = derive
+        # torch keeps persistent workers in a private attribute and offers no public way to
+        # stop them; reached defensively, like the result pipe (_worker._widen_result_pipe)
+        running = getattr(self.loader, "_iterator", None)
+        if running is not None and hasattr(running, "_shutdown_workers"):
+            running._shutdown_workers()
+            self.loader._iterator = None
 
     # -- iterating --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:

@@ -221,7 +221,8 @@ class Ragged(NamedTuple):
     lengths: np.ndarray
 
 
-def _finish(value: object) -> torch.Tensor | list[Any]:
+def finish_value(value: object) -> torch.Tensor | list[Any]:
+    """One wire value as a batch holds it: a tensor (sharing the numpy buffer) or a list."""
     if isinstance(value, np.ndarray):
         return _from_numpy(value)
     if isinstance(value, Coded):
@@ -242,7 +243,7 @@ def with_positions(wire: Wire, positions: np.ndarray | pa.Array | pa.ChunkedArra
 
 def wire_to_batch(wire: dict[str, object]) -> Batch:
     """Finish a :class:`Wire` batch: numpy to tensors (zero-copy), Arrow strings to lists."""
-    return {k: _finish(v) for k, v in wire.items()}
+    return {k: finish_value(v) for k, v in wire.items()}
 
 
 def _null_fill_list(list_type: pa.FixedSizeListType) -> pa.Scalar:

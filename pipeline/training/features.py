@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -359,7 +360,7 @@ def index_holdout(index: Index, percent: int) -> np.ndarray:
     return per[percent]
 
 
-def batch_holdout(batch: dict, index: Index, percent: int) -> torch.Tensor:
+def batch_holdout(batch: Mapping[str, Any], index: Index, percent: int) -> torch.Tensor:
     """Which rows of a batch are held out (a ``[B]`` mask on the host): looked up by the rows'
     index positions (:data:`~pipeline.readers.tensors.POSITION_KEY`), which every reader's
     batch carries; hashed from the ids for a batch without them. Both give the same rows."""

@@ -18,8 +18,11 @@ every device.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +39,7 @@ from pipeline.training.features import (
     batch_holdout,
     class_targets,
     incomplete_rows,
+    index_holdout,
     regression_targets,
     to_features,
 )
@@ -80,32 +84,63 @@ def _targets(batch: dict, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor
     return regression_targets(batch, spec)
 
 
-def step_tensors(
-    batch: dict,
+#: What :func:`fit_tensors` derives from each batch: the model's inputs and targets, each row's
+#: training weight (0: not trained on), whether it is scored, and whether it is held out.
+X, Y, WEIGHT, SCORED, HELD_OUT = "__x", "__y", "__weight", "__scored", "__held_out"
+
+
+def fit_tensors(
+    batch: Mapping[str, Any],
+    *,
     spec: FeatureSpec,
     config: ReferenceConfig,
     index: Index,
-    has_status: bool,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A batch's features, targets and row weights on ``device`` (weight 0: not trained on).
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Everything the training steps and the evaluation take from a batch, on ``device``.
 
-    Masks made from strings (statuses, string labels) and the hold-out (looked up by the rows'
-    index positions) are built on the host and copied; the numeric columns are copied first
-    and computed on the device.
+    The fit has the readers derive these where the batch is read (``ctx.loader``'s
+    ``set_derive``): in the DataLoader workers, so the main process only steps. Without workers
+    the fit computes them itself, on its device. Masks made from strings (statuses, string
+    labels) and the hold-out (looked up by the rows' index positions) are built on the host and
+    copied; the numeric columns are copied first and computed on the device.
     """
+    has_status = index.is_result
     held_out = tensor_to(batch_holdout(batch, index, config.holdout_percent), device)
     batch = to_device(batch, device)
     y, has_y = _targets(batch, spec)
-    keep = tensor_to(has_y, device) & ~held_out
-    if config.accepted_only and has_status:
-        keep &= tensor_to(accepted_mask(batch), device)
-    if config.missing != "fill":
-        keep &= ~incomplete_rows(batch, spec, device=device)
+    scored = tensor_to(has_y, device)
+    if config.missing != "fill":  # a row it would not train on is not scored either
+        scored = scored & ~incomplete_rows(batch, spec, device=device)
+    accepted = tensor_to(accepted_mask(batch), device) if has_status else None
+    keep = scored & ~held_out
+    if config.accepted_only and accepted is not None:
+        keep &= accepted
+    if accepted is not None:  # only accepted rows are scored, whatever the fit trained on
+        scored = scored & accepted
     w = keep.to(torch.float32)
     if config.weight_by_confidence and has_status:
         w = w * confidence_weights(batch)
-    return to_features(batch, spec, device=device), tensor_to(y, device), w
+    return {
+        X: to_features(batch, spec, device=device),
+        Y: tensor_to(y, device),
+        WEIGHT: w,
+        SCORED: scored,
+        HELD_OUT: held_out,
+    }
+
+
+def batch_tensors(
+    batch: Mapping[str, Any],
+    spec: FeatureSpec,
+    config: ReferenceConfig,
+    index: Index,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """The batch's :func:`fit_tensors`: as the readers derived them, else computed here."""
+    if X in batch:
+        return {k: tensor_to(batch[k], device) for k in (X, Y, WEIGHT, SCORED, HELD_OUT)}
+    return fit_tensors(batch, spec=spec, config=config, index=index, device=device)
 
 
 def _joined(
@@ -209,6 +244,11 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     spec = fitted.spec
     feature_set = feature_set.model_copy(update=_missing_record(fitted, config))
     device = ctx.device
+    if loader.loader.num_workers > 0:
+        # the workers compute each batch's tensors while this process steps; the hold-out is
+        # looked up here first, so the workers forked from now on inherit it
+        index_holdout(index, config.holdout_percent)
+        loader.set_derive(functools.partial(fit_tensors, spec=spec, config=config, index=index))
     model = model_for(spec, config.hidden).to(device)  # initialised on the CPU
     opt = torch.optim.Adam(
         model.parameters(), lr=config.learning_rate, fused=device.type in FUSED_ADAM_DEVICES
@@ -291,8 +331,8 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
         ):
             with _joined(ddp, uneven=uneven):
                 for batch in part:
-                    x, y, w = step_tensors(batch, spec, config, index, has_status, device)
-                    train_step(net, opt, x, y, w, sums, config)
+                    t = batch_tensors(batch, spec, config, index, device)
+                    train_step(net, opt, t[X], t[Y], t[WEIGHT], sums, config)
                     done += 1
                     if done > common:  # this rank steps on alone (the others joined): no cut
                         continue
@@ -417,15 +457,9 @@ def evaluate_model(
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:
-        hold = tensor_to(batch_holdout(batch, index, config.holdout_percent), device)
-        batch = to_device(batch, device)
-        y, has_y = _targets(batch, spec)
-        y, ok = tensor_to(y, device), tensor_to(has_y, device)
-        if index.is_result:
-            ok = ok & tensor_to(accepted_mask(batch), device)
-        if config.missing != "fill":  # a row it would not train on is not scored either
-            ok = ok & ~incomplete_rows(batch, spec, device=device)
-        logits = scores(model, to_features(batch, spec, device=device)).float()
+        t = batch_tensors(batch, spec, config, index, device)
+        y, ok, hold = t[Y], t[SCORED], t[HELD_OUT]
+        logits = scores(model, t[X]).float()
         for k, part in enumerate((ok & hold, ok & ~hold)):
             acc[3 * k] += part.sum().double()
             if spec.task == "classification":

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.bundle.errors import one_line
 from pipeline.bundle.manifest import Schema
+from pipeline.readers.derive import Derive
 from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader, set_epoch
 from pipeline.readers.reconcile import OwnerCounts, Tally
@@ -132,6 +133,11 @@ class TalliedLoader:
         """Cut the next passes' batches to ``batch_size`` rows (see
         :meth:`~pipeline.readers.loader.ReaderLoader.set_batch_size`)."""
         self.loader.set_batch_size(batch_size)
+
+    def set_derive(self, derive: Derive | None) -> None:
+        """Compute ``derive``'s tensors where the batches are read (see
+        :meth:`~pipeline.readers.loader.ReaderLoader.set_derive`)."""
+        self.loader.set_derive(derive)
 
     def __len__(self) -> int:
         return len(self.loader)
