@@ -231,32 +231,51 @@ def _here() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def _answering(actors: list[Any], wait: float) -> list[bool]:
-    """Which of ``actors`` answer a ping within ``wait`` seconds (placed, process and node up)."""
+def _answers(actors: list[Any], wait: float) -> list[bool | None]:
+    """Each of ``actors``' answer to a ping within ``wait`` seconds: ``True`` (placed, process
+    and node up), ``False`` (it died: its node was lost, say) or ``None`` (no answer yet)."""
     pings = [a.node.remote() for a in actors]
     done, _ = ray.wait(pings, num_returns=len(pings), timeout=wait)
-    answers = []
+    answers: list[bool | None] = []
     for ping in pings:
-        ok = False
+        answer = None
         if ping in done:
             try:
                 ray.get(ping)
-                ok = True
+                answer = True
             except ray.exceptions.RayError:
-                pass
-        answers.append(ok)
+                answer = False
+        answers.append(answer)
     return answers
 
 
+def _answering(actors: list[Any], wait: float) -> list[bool]:
+    """Which of ``actors`` answer a ping within ``wait`` seconds (placed, process and node up)."""
+    return [answer is True for answer in _answers(actors, wait)]
+
+
 def _place(want: int, options: dict[str, Any], wait: float) -> list[Any]:
-    """Ask for ``want`` ranks spread over the nodes; those placed within ``wait`` seconds."""
-    actors = [Rank.options(**options, scheduling_strategy="SPREAD").remote() for _ in range(want)]
-    placed = []
-    for actor, ok in zip(actors, _answering(actors, wait), strict=True):
-        if ok:
-            placed.append(actor)
-        else:
-            ray.kill(actor, no_restart=True)
+    """Ask for ``want`` ranks spread over the nodes; those placed within ``wait`` seconds.
+
+    A rank that dies before it answers is asked for again while time is left: right after a
+    node is lost, Ray may still count it alive (until its health checks fail) and place a rank
+    there, which then dies with the node's death; the next one goes to a node still up.
+    """
+    deadline = time.monotonic() + wait
+    placed: list[Any] = []
+    while len(placed) < want:
+        asked = [
+            Rank.options(**options, scheduling_strategy="SPREAD").remote()
+            for _ in range(want - len(placed))
+        ]
+        answers = _answers(asked, max(0.0, deadline - time.monotonic()))
+        for actor, answer in zip(asked, answers, strict=True):
+            if answer:
+                placed.append(actor)
+            else:
+                ray.kill(actor, no_restart=True)
+        if None in answers or time.monotonic() >= deadline:
+            break  # the wait is spent
     return placed
 
 

@@ -62,11 +62,14 @@ def ray_cluster(home: Path, s3: S3Store, **extra_env: str) -> Iterator[tuple[obj
             "dashboard_host": "127.0.0.1",
             "dashboard_port": port,
             "env_vars": {**common, "LITHI_HOME": str(home / "head")},
-            # a lost node is noticed in seconds, not the default half minute
+            # a lost node is noticed in seconds, not the default half minute; but not after
+            # three missed checks, which a live node's raylet missed under two busy cores and
+            # was taken for lost with the one killed. Until then Ray counts the lost node alive
+            # and may place a restarted rank there; the launch asks again when it dies.
             "_system_config": {
                 "health_check_initial_delay_ms": 0,
                 "health_check_period_ms": 1000,
-                "health_check_failure_threshold": 3,
+                "health_check_failure_threshold": 10,
             },
         },
     )
