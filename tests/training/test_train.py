@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -248,7 +249,9 @@ def test_the_prediction_table_says_which_rows_were_held_out(classes, tmp_path):
 def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, reader, monkeypatch):
     # A second loader's workers, forked beside the fit's persistent ones, could hang a rank
     # (make demo once did): with workers, the fit builds one loader and scores through it.
+    # Its workers also derive each batch's tensors, so this process only steps and scores.
     from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
+    from pipeline.training import fit as fit_module
     from pipeline.training.trainer import _Context
 
     built: list[int | None] = []
@@ -258,7 +261,16 @@ def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, re
         built.append(kw.get("num_workers"))
         return original(self, **kw)
 
+    pids = tmp_path / "derived-in"  # appended to by whichever process derives a batch
+    real_fit_tensors = fit_module.fit_tensors
+
+    def noted(*args, **kw):
+        with pids.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real_fit_tensors(*args, **kw)
+
     monkeypatch.setattr(_Context, "loader", counted)
+    monkeypatch.setattr(fit_module, "fit_tensors", noted)
     config = {"label": "lithi_label", "features": ["x"], "epochs": 2, "reader": reader}
     metrics = {}
     for workers in (1, 0):
@@ -274,6 +286,10 @@ def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, re
         # with workers, one loader for every pass; without, the fitting pass and the
         # evaluation each read in-process, in larger batches
         assert built == ([None] if workers else [None, 0, 0])
+        derived_in = set(pids.read_text().split())
+        pids.unlink()
+        here = str(os.getpid())
+        assert derived_in and (here not in derived_in if workers else derived_in == {here})
     # the same rows scored either way: counts and accuracy are exact
     assert metrics[1] == metrics[0], metrics
 
