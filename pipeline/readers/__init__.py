@@ -13,6 +13,7 @@ from pipeline.readers.batches import (
     confidence_weights,
     select_rows,
 )
+from pipeline.readers.derive import Derive
 from pipeline.readers.index import Index, IndexMismatch
 from pipeline.readers.iterable import IdleOwnerWarning, PartIterableDataset
 from pipeline.readers.loader import ReaderLoader, make_loader, set_epoch
@@ -42,6 +43,7 @@ __all__ = [
     "POSITION_KEY",
     "VALID_SUFFIX",
     "Batch",
+    "Derive",
     "IdleOwnerWarning",
     "Index",
     "IndexMismatch",

@@ -74,5 +74,8 @@ def derived_wire(wire: Wire, derive: Derive, id_field: str) -> Wire:
                 f"derive returned {name!r} of shape {tuple(value.shape)}: one row per row of "
                 f"the batch ({rows}) is expected, so batches can be cut from it"
             )
-        out[name] = np.ascontiguousarray(value.detach().numpy())
+        try:
+            out[name] = np.ascontiguousarray(value.detach().numpy())
+        except TypeError as e:  # a dtype numpy lacks (bfloat16): it could not cross the pipe
+            raise TypeError(f"derive returned {name!r} as {value.dtype}: {e}") from None
     return out

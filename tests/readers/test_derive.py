@@ -55,6 +55,7 @@ def test_set_derive_applies_from_the_next_epoch_and_none_reads_the_columns_again
         (lambda b: {"__n": [1, 2]}, TypeError, "a CPU tensor is expected"),
         (lambda b: {"__one": b["x"][:1]}, ValueError, "one row per row of the batch"),
         (lambda b: {"__scalar": b["x"].sum()}, ValueError, "one row per row of the batch"),
+        (lambda b: {"__bf16": b["x"].bfloat16()}, TypeError, "as torch.bfloat16"),
     ],
 )
 def test_what_a_derive_may_not_return_is_refused_by_name(index, derive, error, says):
