@@ -281,15 +281,28 @@ def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int)
     }
     if step == "training_run":
         from pipeline.training.record import read_record
+        from pipeline.training.threads import intra_op_threads
 
         record = read_record(meta["record"])
+        checkpoint = Path(meta["checkpoint"]) / "model.pt"
+        bundle = Path(json.loads((work / "staged.json").read_text())["result"])
         out.update(
             passes=record.passes,
             epochs=epochs,
             holdout_accuracy=record.metrics.get("holdout_accuracy"),
             reconciled=record.reconciliation.ok,
-            **model_rates(Path(meta["checkpoint"]) / "model.pt", batch_size),
+            # at the intra-op threads the fit gives a rank with its workers
+            **model_rates(
+                checkpoint,
+                batch_size,
+                threads=intra_op_threads(world, workers_per_rank(world)),
+                beside=bundle if world == 1 else None,
+            ),
         )
+        if world > 1:
+            from model_floor import ranks_rows_per_s
+
+            out["model_ranks_rows_per_s"] = ranks_rows_per_s(checkpoint, batch_size, world)
     if step == "prediction_table":
         from pipeline.training.predict import BATCH_ROWS
 
@@ -302,48 +315,50 @@ def child_asset(work: Path, step: str, world: int, epochs: int, batch_size: int)
     return out
 
 
-def model_rates(checkpoint: Path, batch_size: int, steps: int = 200) -> dict[str, float]:
+def model_rates(
+    checkpoint: Path,
+    batch_size: int,
+    steps: int = 200,
+    *,
+    threads: int | None = None,
+    beside: Path | None = None,
+) -> dict[str, float]:
     """Rows per second of the trained model alone, on one batch already in memory: a training
     step (forward, loss, backward, Adam) and a prediction (forward, softmax). The model's own
-    arithmetic, which no reader or pipeline can remove: what a step costs beyond its data."""
+    arithmetic, which no reader or pipeline can remove: what a step costs beyond its data.
+    ``threads``: torch's intra-op threads meanwhile (default: as they are), the fit's own.
+
+    With ``beside`` (a bundle), the training step is timed again while a loader pass over it
+    runs in another process (``model_train_beside_reading_rows_per_s``; see
+    ``bench/model_floor.py``)."""
     import torch
+    from model_floor import best_seconds, reading_beside, train_step
 
     from pipeline.training.denormals import flushed_denormals
     from pipeline.training.model import load_checkpoint
+    from pipeline.training.threads import torch_threads
 
     model, spec = load_checkpoint(checkpoint)
     x = torch.randn(batch_size, spec.dim)
-    y = torch.randint(0, max(spec.outputs, 1), (batch_size,))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def train_step() -> None:
-        opt.zero_grad(set_to_none=True)
-        out = model.net(x)
-        loss = torch.nn.functional.cross_entropy(out, y) if spec.outputs > 1 else out.mean()
-        loss.backward()
-        opt.step()
 
     def predict_step() -> None:
         with torch.no_grad():
             torch.softmax(model.net(x), dim=1).max(dim=1)
 
+    train = train_step(model, spec, batch_size)
     rates = {}
     # as the fit computes (its default flush_denormals): a trained model's denormal weights
     # would otherwise slow this and overstate what the model costs
-    with flushed_denormals():
+    with flushed_denormals(), torch_threads(threads or torch.get_num_threads()):
         for name, fn in (
-            ("model_train_rows_per_s", train_step),
+            ("model_train_rows_per_s", train),
             ("model_predict_rows_per_s", predict_step),
         ):
-            for _ in range(10):  # warm up: allocator, kernels
-                fn()
-            best = math.inf
-            for _ in range(3):
-                t = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                best = min(best, time.perf_counter() - t)
-            rates[name] = steps * batch_size / best
+            rates[name] = steps * batch_size / best_seconds(fn, steps)
+        if beside is not None:
+            with reading_beside(beside):
+                seconds = best_seconds(train, steps)
+            rates["model_train_beside_reading_rows_per_s"] = steps * batch_size / seconds
     return rates
 
 
@@ -591,17 +606,31 @@ def model_seconds(step: str, items: int, m: dict) -> float | None:
     return None
 
 
-def training_floor(items: int, m: dict, lim: dict) -> float | None:
-    """The least a training step could take on this machine, with data and model overlapped
-    perfectly (reading on one core while the model computes on another): the fitting pass reads
-    alone, since the model is built from what it finds; each epoch and the evaluation take the
-    longer of their data pass and their model arithmetic. None where no model was timed."""
+def training_floor(items: int, m: dict, lim: dict, world: int = 1) -> float | None:
+    """The least a training step could take on this machine, every core busy where it can be.
+
+    * The fitting pass reads on every core: no model runs until it has found the features.
+    * Each epoch takes the longer of its reading and its training steps. At world size 1 the
+      steps are timed beside a reader in another process, as the fit's DataLoader worker reads
+      beside them, and the reading has the cores the steps leave. At world size 2 or more the
+      ranks' steps are timed together under DDP (gradients all-reduced over gloo) and the
+      reading is counted as if it hid in the all-reduce's waits, on every core.
+    * The evaluation reads and scores on every core.
+
+    Each figure was measured on a batch in memory or a loader pass alone; the floor counts no
+    launch, no imports, no receiving of batches and no tally. None where no model was timed.
+    """
     if "model_train_rows_per_s" not in m:
         return None
+    cores = max(1, lim.get("threads", 1))
     data_pass = items / lim["loader_rows_per_s"]
-    train = items / m["model_train_rows_per_s"]
     predict = items / m["model_predict_rows_per_s"]
-    return data_pass + m.get("epochs", 1) * max(data_pass, train) + max(data_pass, predict)
+    if world > 1 and "model_ranks_rows_per_s" in m:
+        epoch = max(data_pass / cores, items / m["model_ranks_rows_per_s"])
+    else:
+        train_rate = m.get("model_train_beside_reading_rows_per_s", m["model_train_rows_per_s"])
+        epoch = max(data_pass / max(1, cores - 1), items / train_rate)
+    return data_pass / cores + m.get("epochs", 1) * epoch + (data_pass + predict) / cores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -728,15 +757,15 @@ def print_table(results: dict) -> None:
             f"{lim['copy_bytes_per_s'] / 1e6:.0f} MB/s"
         )
     floors = [
-        (items, ws, m, lim_s, training_floor(items, m, m["limits"]))
+        (items, ws, m, lim_s, training_floor(items, m, m["limits"], int(ws)))
         for items, ws, step, m, lim_s in rows_for(results)
         if step == "training_run"
     ]
     for items, ws, m, lim_s, floor in floors:
         if floor is not None and lim_s > 0:
             print(
-                f"\ntraining_run at {items:,}, ws {ws}: its floor on this machine (data and model "
-                f"overlapped, one core each) {floor:.2f} s = {floor / lim_s:.2f}x the loader; "
+                f"\ntraining_run at {items:,}, ws {ws}: its floor on this machine (every core "
+                f"busy, see training_floor) {floor:.2f} s = {floor / lim_s:.2f}x the loader; "
                 f"the step {m.get('step_wall', m['wall']) / floor:.2f}x its floor"
             )
     exps = exponents(results)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -88,22 +89,31 @@ def test_limits_count_the_work_each_step_must_do(chain):
     assert chain.limit_seconds("result_manifest", 10**6, m, lim, 0) == 0
 
 
-def test_training_floor_overlaps_data_and_model_and_nothing_else(chain):
-    """The floor: the fitting pass reads alone (the model needs its spec); each epoch and the
-    evaluation take the longer of their data pass and their model arithmetic."""
-    lim = _results({1: {}})["runs"][0]["steps"]["stage"]["limits"]  # the loader: 1e6 rows/s
-    slow_model = {"passes": 3, "epochs": 1, "model_train_rows_per_s": 2.5e5,
-                  "model_predict_rows_per_s": 5e5}  # fmt: skip
+def test_training_floor_keeps_every_core_busy_where_it_can(chain):
+    """The floor: the fitting pass and the evaluation read (and score) on every core; each epoch
+    takes the longer of its reading on the cores the steps leave and its training steps, timed
+    beside a reader at world size 1 and as DDP ranks above it."""
+    one_core = _results({1: {}})["runs"][0]["steps"]["stage"]["limits"]  # loader: 1e6 rows/s
+    two_cores = {**one_core, "threads": 2}
+    model = {"passes": 3, "epochs": 1, "model_train_rows_per_s": 2.5e5,
+             "model_predict_rows_per_s": 5e5}  # fmt: skip
     # a pass of data 1 s; training 4 s, evaluation 2 s of arithmetic
-    assert chain.training_floor(10**6, slow_model, lim) == pytest.approx(1 + 4 + 2)
-    fast_model = {**slow_model, "model_train_rows_per_s": 1e9, "model_predict_rows_per_s": 1e9}
-    # a free model leaves the data's own three passes: the loader's limit
-    assert chain.training_floor(10**6, fast_model, lim) == pytest.approx(
-        chain.limit_seconds("training_run", 10**6, {**fast_model, "hashed": 0}, lim, 0)
+    assert chain.training_floor(10**6, model, one_core) == pytest.approx(1 + 4 + (1 + 2))
+    assert chain.training_floor(10**6, model, two_cores) == pytest.approx(0.5 + 4 + 1.5)
+    beside = {**model, "model_train_beside_reading_rows_per_s": 2e5}  # 5 s beside a reader
+    assert chain.training_floor(10**6, beside, two_cores) == pytest.approx(0.5 + 5 + 1.5)
+    ranks = {**model, "model_ranks_rows_per_s": 1.25e5}  # 8 s of DDP steps
+    assert chain.training_floor(10**6, ranks, two_cores, world=2) == pytest.approx(0.5 + 8 + 1.5)
+    # a free model leaves the data: on one core the loader's own three passes, its limit
+    free = {**model, "model_train_rows_per_s": math.inf, "model_predict_rows_per_s": math.inf}
+    assert chain.training_floor(10**6, free, one_core) == pytest.approx(
+        chain.limit_seconds("training_run", 10**6, {**free, "hashed": 0}, one_core, 0)
     )
-    two_epochs = {**slow_model, "passes": 4, "epochs": 2}
-    assert chain.training_floor(10**6, two_epochs, lim) == pytest.approx(1 + 8 + 2)
-    assert chain.training_floor(10**6, {"passes": 3}, lim) is None  # no model timed
+    # ... on two, the epoch reads on the one core its steps leave, the other passes on both
+    assert chain.training_floor(10**6, free, two_cores) == pytest.approx(0.5 + 1 + 0.5)
+    two_epochs = {**beside, "passes": 4, "epochs": 2}
+    assert chain.training_floor(10**6, two_epochs, two_cores) == pytest.approx(0.5 + 10 + 1.5)
+    assert chain.training_floor(10**6, {"passes": 3}, two_cores) is None  # no model timed
 
 
 def test_tree_memory_sees_a_child_process(chain):
