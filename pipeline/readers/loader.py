@@ -284,6 +284,12 @@ class ReaderLoader:
         if wired.derive is derive:
             return
         wired.derive = derive
+        self.stop_workers()
+
+    def stop_workers(self) -> None:
+        """Stop the worker processes still running between epochs (the map-style reader's are
+        persistent); the next epoch starts new ones. Before another loader forks workers of its
+        own: a process forked while these workers' queue threads run may inherit a held lock."""
         # torch keeps persistent workers in a private attribute and offers no public way to
         # stop them; reached defensively, like the result pipe (_worker._widen_result_pipe)
         running = getattr(self.loader, "_iterator", None)

@@ -410,7 +410,8 @@ def whole_pass(
     epoch: int,
 ) -> TalliedLoader:
     """The loader of a pass that needs no particular batch: the fitting pass (``epoch`` 0)
-    or the evaluation (one epoch past the last).
+    or, where the workers do not score (:func:`_evaluation_pass`), the evaluation (one epoch
+    past the last).
 
     With worker processes, it is the fit's own loader at ``epoch``, cut in whole worker
     messages (set the batch size back before stepping on it), so no other worker is forked:
@@ -432,6 +433,67 @@ def whole_pass(
     )
 
 
+#: What :func:`scored_tensors` adds to a batch's targets and masks: the trained model's answer
+#: for each row, the class it picks (classification) or its error in the label's units.
+ANSWER = "__answer"
+
+
+def scored_tensors(
+    batch: Mapping[str, Any],
+    *,
+    model: nn.Module,
+    spec: FeatureSpec,
+    config: ReferenceConfig,
+    index: Index,
+) -> dict[str, torch.Tensor]:
+    """A batch's targets and masks (:func:`fit_tensors`) and the trained model's answer for
+    each row: all the evaluation sums, and no features. The evaluation has the readers derive
+    these where the batch is read, so every DataLoader worker scores the batches it reads."""
+    t = fit_tensors(batch, spec=spec, config=config, index=index)
+    answer = _answer(model, t[X], t[Y], spec)
+    return {Y: t[Y], SCORED: t[SCORED], HELD_OUT: t[HELD_OUT], ANSWER: answer}
+
+
+@torch.no_grad()
+def _answer(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: FeatureSpec) -> torch.Tensor:
+    logits = scores(model, x).float()
+    if spec.task == "classification":
+        return logits.argmax(1)
+    return (logits.squeeze(1) - y) * spec.target_std
+
+
+def _evaluation_pass(
+    ctx: FitContext,
+    fit_loader: TalliedLoader,
+    config: ReferenceConfig,
+    columns: list[str],
+    model: nn.Module,
+    spec: FeatureSpec,
+) -> TalliedLoader:
+    """The evaluation's loader. On the CPU with DataLoader workers, a loader of its own whose
+    workers read and score (:func:`scored_tensors`): as many as the cores the fit held, its
+    workers' and the model's intra-op threads', since this process only sums what they send.
+    The fit's workers are stopped before these fork. Elsewhere (a GPU scores fastest, and
+    without workers there is no one else to score) the pass :func:`whole_pass` gives."""
+    workers = fit_loader.loader.num_workers
+    if ctx.device.type != "cpu" or workers == 0:
+        return whole_pass(ctx, fit_loader, config, columns, epoch=config.epochs + 1)
+    fit_loader.stop_workers()
+    loader = ctx.loader(
+        style=config.reader,
+        batch_size=max(config.batch_size, WHOLE_PASS_ROWS),
+        shuffle=False,
+        num_workers=workers + torch.get_num_threads(),
+        columns=columns,
+    )
+    loader.set_batch_size(loader.loader.message_rows)  # whole messages: nothing to step on
+    score = functools.partial(
+        scored_tensors, model=model, spec=spec, config=config, index=ctx.index
+    )
+    loader.set_derive(score)
+    return loader
+
+
 @torch.no_grad()
 def evaluate_model(
     model: nn.Module,
@@ -445,29 +507,34 @@ def evaluate_model(
 
     Classification: accuracy. Regression: RMSE and MAE in the label's own units.
 
-    The pass reads as :func:`whole_pass` says: with worker processes through the fit's own
-    loader (``fit_loader``), one more epoch of its order, so its workers read while the model
-    scores; without, in this process.
+    The pass reads as :func:`_evaluation_pass` says: on the CPU with worker processes, the
+    workers read and score while this process sums; on a GPU through the fit's own loader
+    (``fit_loader``), one more epoch of its order, its workers reading while the GPU scores;
+    without workers, in this process.
     """
-    model.eval()
+    model.eval()  # before any worker forks with it
     index = ctx.index
     device = ctx.device
     columns = [config.label, *(c.name for c in spec.columns)]
-    loader = whole_pass(ctx, fit_loader, config, columns, epoch=config.epochs + 1)
+    loader = _evaluation_pass(ctx, fit_loader, config, columns, model, spec)
     # per split (held out, train): rows, then correct (classification) or squared, abs error
     acc = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in loader:
-        t = batch_tensors(batch, spec, config, index, device)
-        y, ok, hold = t[Y], t[SCORED], t[HELD_OUT]
-        logits = scores(model, t[X]).float()
+        if ANSWER in batch:  # scored where it was read
+            y, ok, hold, answer = (
+                tensor_to(batch[k], device) for k in (Y, SCORED, HELD_OUT, ANSWER)
+            )
+        else:
+            t = batch_tensors(batch, spec, config, index, device)
+            y, ok, hold = t[Y], t[SCORED], t[HELD_OUT]
+            answer = _answer(model, t[X], y, spec)
         for k, part in enumerate((ok & hold, ok & ~hold)):
             acc[3 * k] += part.sum().double()
             if spec.task == "classification":
-                acc[3 * k + 1] += ((logits.argmax(1) == y) & part).sum().double()
+                acc[3 * k + 1] += ((answer == y) & part).sum().double()
             else:
-                err = (logits.squeeze(1) - y) * spec.target_std
-                acc[3 * k + 1] += (err * err)[part].sum().double()
-                acc[3 * k + 2] += err.abs()[part].sum().double()
+                acc[3 * k + 1] += (answer * answer)[part].sum().double()
+                acc[3 * k + 2] += answer.abs()[part].sum().double()
     totals = _all_sum(acc.tolist(), ctx.world_size)
     model.train()
     out: dict[str, float] = {}

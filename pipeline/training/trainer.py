@@ -139,6 +139,11 @@ class TalliedLoader:
         :meth:`~pipeline.readers.loader.ReaderLoader.set_derive`)."""
         self.loader.set_derive(derive)
 
+    def stop_workers(self) -> None:
+        """Stop the worker processes left running between passes (see
+        :meth:`~pipeline.readers.loader.ReaderLoader.stop_workers`)."""
+        self.loader.stop_workers()
+
     def __len__(self) -> int:
         return len(self.loader)
 

@@ -246,35 +246,51 @@ def test_the_prediction_table_says_which_rows_were_held_out(classes, tmp_path):
 
 
 @pytest.mark.parametrize("reader", ["map", "iterable"])
-def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, reader, monkeypatch):
-    # A second loader's workers, forked beside the fit's persistent ones, could hang a rank
-    # (make demo once did): with workers, the fit builds one loader and scores through it.
-    # Its workers also derive each batch's tensors, so this process only steps and scores.
+def test_with_workers_the_evaluation_scores_in_workers_forked_once_the_fits_are_stopped(
+    classes, tmp_path, reader, monkeypatch
+):
+    # The fit's workers derive each batch's tensors, so this process only steps; the
+    # evaluation's workers, one per core the fit held, read and score, so it only sums. They
+    # fork only once the fit's are stopped: a loader's workers forked beside another's
+    # persistent ones could hang a rank (make demo once did).
+    import multiprocessing
+
     from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
     from pipeline.training import fit as fit_module
     from pipeline.training.trainer import _Context
 
     built: list[int | None] = []
+    alive_at_build: list[list] = []
     original = _Context.loader
 
     def counted(self, **kw):
         built.append(kw.get("num_workers"))
+        alive_at_build.append(multiprocessing.active_children())
         return original(self, **kw)
 
     pids = tmp_path / "derived-in"  # appended to by whichever process derives a batch
-    real_fit_tensors = fit_module.fit_tensors
+    scored = tmp_path / "scored-in"
+    real_fit_tensors, real_answer = fit_module.fit_tensors, fit_module._answer
 
     def noted(*args, **kw):
         with pids.open("a") as f:
             f.write(f"{os.getpid()}\n")
         return real_fit_tensors(*args, **kw)
 
+    def answered(*args, **kw):
+        with scored.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real_answer(*args, **kw)
+
     monkeypatch.setattr(_Context, "loader", counted)
     monkeypatch.setattr(fit_module, "fit_tensors", noted)
+    monkeypatch.setattr(fit_module, "_answer", answered)
     config = {"label": "lithi_label", "features": ["x"], "epochs": 2, "reader": reader}
     metrics = {}
+    here = str(os.getpid())
     for workers in (1, 0):
         built.clear()
+        alive_at_build.clear()
         out = tmp_path / f"w{workers}"
         out.mkdir()
         run = run_fit(
@@ -283,13 +299,18 @@ def test_the_evaluation_reads_through_the_fits_own_workers(classes, tmp_path, re
         )  # fmt: skip
         assert run.reconciliation.ok and run.passes == 2 + 2
         metrics[workers] = run.result.metrics
-        # with workers, one loader for every pass; without, the fitting pass and the
-        # evaluation each read in-process, in larger batches
-        assert built == ([None] if workers else [None, 0, 0])
         derived_in = set(pids.read_text().split())
+        scored_in = set(scored.read_text().split())
         pids.unlink()
-        here = str(os.getpid())
-        assert derived_in and (here not in derived_in if workers else derived_in == {here})
+        scored.unlink()
+        if workers:
+            # the fit's loader, then the evaluation's, with more workers than the fit had
+            assert len(built) == 2 and built[0] is None and built[1] > workers, built
+            assert alive_at_build[1] == [], "the fit's workers were stopped before any fork"
+            assert derived_in and scored_in and here not in derived_in | scored_in
+        else:  # the fitting pass and the evaluation each read in-process, in larger batches
+            assert built == [None, 0, 0]
+            assert derived_in == scored_in == {here}
     # the same rows scored either way: counts and accuracy are exact
     assert metrics[1] == metrics[0], metrics
 
