@@ -356,7 +356,7 @@ def model_rates(
         ):
             rates[name] = steps * batch_size / best_seconds(fn, steps)
         if beside is not None:
-            with reading_beside(beside):
+            with reading_beside(beside, batch_size):
                 seconds = best_seconds(train, steps)
             rates["model_train_beside_reading_rows_per_s"] = steps * batch_size / seconds
     return rates

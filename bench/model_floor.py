@@ -26,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: What the reader beside the step runs: the loader pass of ``chain.measure_limits``, repeated
-#: until it is stopped. It says ``reading`` once its first batch is in.
+#: What the reader beside the step runs: the loader pass of ``chain.measure_limits`` at the
+#: bench's batch size, repeated until it is stopped. It says ``reading`` once its first batch is in.
 _READER = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -36,7 +36,9 @@ from pipeline.readers.index import Index
 from pipeline.readers.loader import make_loader
 
 index = Index.from_snapshot(verify(sys.argv[2]))
-loader = make_loader(index, style="iterable", batch_size=1024, num_workers=0, shuffle=True)
+loader = make_loader(
+    index, style="iterable", batch_size=int(sys.argv[3]), num_workers=0, shuffle=True
+)
 said = False
 while True:
     for _ in loader:
@@ -82,11 +84,11 @@ def best_seconds(fn: Callable[[], None], steps: int, *, sync: Callable[[], None]
 
 
 @contextmanager
-def reading_beside(bundle: Path) -> Iterator[subprocess.Popen]:
-    """A loader pass over ``bundle`` running in another process meanwhile (the process), started
-    before the body runs and stopped after it."""
+def reading_beside(bundle: Path, batch_size: int = 1024) -> Iterator[subprocess.Popen]:
+    """A loader pass over ``bundle`` in batches of ``batch_size`` running in another process
+    meanwhile (the process), started before the body runs and stopped after it."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _READER, str(ROOT), str(bundle)],
+        [sys.executable, "-c", _READER, str(ROOT), str(bundle), str(batch_size)],
         stdout=subprocess.PIPE,
         text=True,
     )
