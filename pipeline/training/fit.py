@@ -470,13 +470,15 @@ def _evaluation_pass(
     model: nn.Module,
     spec: FeatureSpec,
 ) -> TalliedLoader:
-    """The evaluation's loader. On the CPU with DataLoader workers, a loader of its own whose
-    workers read and score (:func:`scored_tensors`): as many as the cores the fit held, its
-    workers' and the model's intra-op threads', since this process only sums what they send.
-    The fit's workers are stopped before these fork. Elsewhere (a GPU scores fastest, and
-    without workers there is no one else to score) the pass :func:`whole_pass` gives."""
+    """The evaluation's loader. On the CPU with DataLoader workers in a fit of one rank, a
+    loader of its own whose workers read and score (:func:`scored_tensors`): as many as the
+    cores the fit held, its workers' and the model's intra-op threads', since this process only
+    sums what they send. The fit's workers are stopped before these fork. Elsewhere the pass
+    :func:`whole_pass` gives: a GPU scores fastest, without workers there is no one else to
+    score, and a rank of several keeps to the loader it already has, since its process group's
+    threads run beside it and a process forked then to run the model has hung a rank."""
     workers = fit_loader.loader.num_workers
-    if ctx.device.type != "cpu" or workers == 0:
+    if ctx.device.type != "cpu" or workers == 0 or ctx.world_size > 1:
         return whole_pass(ctx, fit_loader, config, columns, epoch=config.epochs + 1)
     fit_loader.stop_workers()
     loader = ctx.loader(
@@ -507,10 +509,10 @@ def evaluate_model(
 
     Classification: accuracy. Regression: RMSE and MAE in the label's own units.
 
-    The pass reads as :func:`_evaluation_pass` says: on the CPU with worker processes, the
-    workers read and score while this process sums; on a GPU through the fit's own loader
-    (``fit_loader``), one more epoch of its order, its workers reading while the GPU scores;
-    without workers, in this process.
+    The pass reads as :func:`_evaluation_pass` says: on the CPU with worker processes in a fit
+    of one rank, the workers read and score while this process sums; on a GPU or in a rank of
+    several through the fit's own loader (``fit_loader``), one more epoch of its order, its
+    workers reading while this process scores; without workers, in this process.
     """
     model.eval()  # before any worker forks with it
     index = ctx.index

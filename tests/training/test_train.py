@@ -315,6 +315,32 @@ def test_with_workers_the_evaluation_scores_in_workers_forked_once_the_fits_are_
     assert metrics[1] == metrics[0], metrics
 
 
+def test_in_a_rank_of_several_the_evaluation_reads_through_the_fits_own_loader(classes):
+    # A rank of several holds a process group whose threads run beside it; the evaluation forks
+    # no loader of its own there, it reads one more epoch through the fit's loader and workers.
+    from pipeline.training import fit as fit_module
+    from pipeline.training.reference import ReferenceConfig
+    from pipeline.training.trainer import _Context
+
+    ctx = _Context(
+        index=classes, config={}, rank=0, world_size=2, num_workers=1, log=lambda _: None
+    )
+    config = ReferenceConfig(label="lithi_label", features=["x"], epochs=1, batch_size=16)
+    fit_loader = ctx.loader(batch_size=16, shuffle=True, num_workers=1)
+    for _ in fit_loader:  # the fit's epoch: its persistent workers stay up after it
+        pass
+    built = []
+    ctx.loader = lambda **kw: built.append(kw)  # type: ignore[method-assign]
+    passed = fit_module._evaluation_pass(
+        ctx, fit_loader, config, ["lithi_label", "x"], torch.nn.Linear(8, 2), spec=None
+    )
+    assert passed is fit_loader and built == []
+    assert fit_loader.loader.epoch == config.epochs + 1
+    rows = sum(len(b[POSITION_KEY]) for b in passed)
+    assert rows == len(fit_loader.loader.sampler), "one more whole epoch of this rank's share"
+    fit_loader.stop_workers()
+
+
 #: A float32 below the smallest normal one (1.18e-38): kept as it is by default, read as zero
 #: when the CPU flushes denormals.
 DENORMAL = 1e-39
