@@ -1,8 +1,9 @@
 """The reference trainer's loop: fit a small MLP on one owner's disjoint share; pure torch.
 
 It reads only through the loaders the pipeline hands it (``ctx.loader``), so every pass is
-tallied and reconciled by the pipeline, not here. Rows are masked rather than dropped — held
-out, not accepted, without a label — so every DDP rank steps on every batch it has; with
+tallied and reconciled by the pipeline, not here. Rows it does not learn from — held out, not
+accepted, without a label — weigh 0 rather than leave the pass, so every DDP rank steps on every
+batch it has (on the CPU a step computes only the rows that weigh something); with
 ``world_size > 1`` the model is wrapped in DDP, and where the ranks' shares differ in batches
 the steps beyond the shortest share run under ``Join``: disjoint shares may differ in size, and
 a rank that runs out early must not hang the others.
@@ -141,6 +142,32 @@ def batch_tensors(
     if X in batch:
         return {k: tensor_to(batch[k], device) for k in (X, Y, WEIGHT, SCORED, HELD_OUT)}
     return fit_tensors(batch, spec=spec, config=config, index=index, device=device)
+
+
+def training_rows(
+    batch: Mapping[str, Any],
+    spec: FeatureSpec,
+    config: ReferenceConfig,
+    index: Index,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inputs, targets and weights of the rows a training step learns from, on ``device``.
+
+    On the CPU only the rows of weight other than 0 are kept: a held-out row, one not accepted
+    or without a label weighs 0, so its forward and backward would change nothing but take as
+    long as a trained row's. The loss and its gradients are the same sums without them. On a
+    GPU every row goes: choosing rows there would make the host wait for the device on every
+    step, and copying the chosen ones would give up the pinned batch's asynchronous copy.
+    """
+    t = batch_tensors(batch, spec, config, index, device)
+    x, y, w = t[X], t[Y], t[WEIGHT]
+    if device.type != "cpu":
+        return x, y, w
+    kept = w != 0
+    if bool(kept.all()):
+        return x, y, w
+    rows = kept.nonzero().squeeze(1)
+    return x.index_select(0, rows), y.index_select(0, rows), w.index_select(0, rows)
 
 
 def _joined(
@@ -331,8 +358,8 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
         ):
             with _joined(ddp, uneven=uneven):
                 for batch in part:
-                    t = batch_tensors(batch, spec, config, index, device)
-                    train_step(net, opt, t[X], t[Y], t[WEIGHT], sums, config)
+                    x, y, w = training_rows(batch, spec, config, index, device)
+                    train_step(net, opt, x, y, w, sums, config)
                     done += 1
                     if done > common:  # this rank steps on alone (the others joined): no cut
                         continue

@@ -440,3 +440,51 @@ def test_the_fits_adam_steps_fused_on_the_cpu(classes, tmp_path, monkeypatch):
     )  # fmt: skip
     assert run.reconciliation.ok
     assert stepped and set(stepped) == {True}, stepped
+
+
+def test_on_the_cpu_a_step_computes_only_the_rows_that_weigh_something(
+    classes, tmp_path, monkeypatch
+):
+    # A held-out row, a row not accepted and one without a label weigh 0: the step's loss and
+    # gradients are the same without them, and computing them would cost a trained row's time.
+    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
+    from pipeline.training import fit as fit_module
+
+    stepped: list[tuple[int, float]] = []
+    real_step = fit_module.train_step
+
+    def recorded(net, opt, x, y, w, sums, config):
+        stepped.append((x.shape[0], float(w.min()) if len(w) else 1.0))
+        return real_step(net, opt, x, y, w, sums, config)
+
+    def every_row(batch, spec, config, index, device):  # what a step computed before
+        t = fit_module.batch_tensors(batch, spec, config, index, device)
+        return t[fit_module.X], t[fit_module.Y], t[fit_module.WEIGHT]
+
+    monkeypatch.setattr(fit_module, "train_step", recorded)
+    config = {"label": "lithi_label", "features": ["x", "scalar"], "epochs": 2}
+    runs = {}
+    for name in ("kept", "every"):
+        if name == "every":
+            monkeypatch.setattr(fit_module, "training_rows", every_row)
+        stepped.clear()
+        out = tmp_path / name
+        out.mkdir()
+        runs[name] = run_fit(
+            load_trainer(REFERENCE_TRAINER), classes, config, output_dir=out,
+            num_workers=0, log=lambda _: None,
+        )  # fmt: skip
+        assert runs[name].reconciliation.ok
+        rows = sum(n for n, _ in stepped)
+        if name == "kept":
+            kept_rows, kept_steps = rows, len(stepped)
+            assert all(least > 0 for _, least in stepped), "a row weighing 0 was computed"
+        else:
+            every_rows, every_steps = rows, len(stepped)
+    assert every_rows == 2 * N  # every row of both epochs, before
+    # the rows that weigh something: accepted, labelled, not held out (about 64% here)
+    assert 0.5 * every_rows < kept_rows < 0.75 * every_rows, (kept_rows, every_rows)
+    assert kept_steps == every_steps  # every batch still steps (DDP ranks step together)
+    kept, every = runs["kept"].result, runs["every"].result
+    assert kept.loss_curve == pytest.approx(every.loss_curve, rel=1e-5)
+    assert kept.metrics == pytest.approx(every.metrics, rel=1e-3)
