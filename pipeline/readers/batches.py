@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,7 +80,7 @@ def select_rows(batch: Batch, rows: torch.Tensor | np.ndarray | Sequence[int]) -
     return out
 
 
-def accepted_mask(batch: Batch) -> torch.Tensor:
+def accepted_mask(batch: Mapping[str, Any]) -> torch.Tensor:
     """A bool tensor ``[B]``: which rows have ``lithi_status == "accepted"``."""
     status = batch.get(fmt.STATUS_COLUMN)
     if status is None:

@@ -7,6 +7,10 @@ sit idle most of an epoch. A *derive* function given to the loader
 instead, like a ``collate_fn``: on each worker message, before it is sent. Its tensors take the
 place of the columns read; what every batch carries stays (the id, the ``lithi_*`` columns and
 each row's index position), so counting and reconciling a pass are unchanged.
+
+A pass that only sums (a fitting pass's statistics) has no use for per-row tensors: its derive
+returns a :class:`Summary` of the whole message instead, which is all that crosses to the main
+process beside what every batch carries.
 """
 
 from __future__ import annotations
@@ -20,9 +24,29 @@ import torch
 from pipeline.bundle.format import LITHI_PREFIX, VALID_SUFFIX
 from pipeline.readers.tensors import POSITION_KEY, Wire, finish_value
 
+
+class Summary:
+    """What a derive computed from a whole worker message rather than row by row (a partial
+    sum, say), under its name in the batch: any picklable value, handed over as it is.
+
+    It cannot be cut into batches, so a loader that derives one must hand over whole messages
+    (:meth:`~pipeline.readers.loader.ReaderLoader.set_batch_size` at ``message_rows``); one
+    that would cut such a message refuses.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Summary({self.value!r})"
+
+
 #: A function of one batch (a mapping of its columns, finished as the loop would see them) to
-#: the tensors that replace its columns: one row per row of the batch, on the CPU.
-Derive = Callable[[Mapping[str, Any]], Mapping[str, torch.Tensor]]
+#: what replaces its columns: CPU tensors of one row per row of the batch, or a
+#: :class:`Summary` of the whole batch.
+Derive = Callable[[Mapping[str, Any]], Mapping[str, "torch.Tensor | Summary"]]
 
 
 class _Finished(Mapping[str, Any]):
@@ -63,11 +87,14 @@ def derived_wire(wire: Wire, derive: Derive, id_field: str) -> Wire:
             raise ValueError(
                 f"derive returned {name!r}, a column every batch carries; name it otherwise"
             )
+        if isinstance(value, Summary):  # of the whole message: no rows to check
+            out[name] = value
+            continue
         if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
             raise TypeError(
                 f"derive returned {name!r} as {type(value).__name__}"
                 f"{'' if not isinstance(value, torch.Tensor) else ' on ' + str(value.device)}"
-                ": a CPU tensor is expected (the loop moves it to its device)"
+                ": a CPU tensor (the loop moves it to its device) or a Summary is expected"
             )
         if rows is not None and (value.dim() == 0 or value.shape[0] != rows):
             raise ValueError(

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from pipeline.readers import _worker, lifetime
 from pipeline.readers._progress import IterableProgress, MapProgress, Progress
-from pipeline.readers.derive import Derive
+from pipeline.readers.derive import Derive, Summary
 from pipeline.readers.index import Index
 from pipeline.readers.iterable import PartIterableDataset
 from pipeline.readers.map_style import MapDataset
@@ -320,6 +320,8 @@ class ReaderLoader:
             big = _pinned(big)  # once per message; the batches cut from it are views
         bs = self.batch_size
         n = _rows_of(big)
+        if n > bs:
+            _refuse_cutting_summaries(big, bs)
         for small in _cut(big, bs, n) if n > bs else (big,):
             # counted before it is handed over: a state taken while the training loop holds
             # this batch already includes it
@@ -410,7 +412,20 @@ def _pinned(batch: Batch) -> Batch:
 
 
 def _rows_of(batch: Batch) -> int:
-    return len(next(iter(batch.values())))
+    for value in batch.values():
+        if not isinstance(value, Summary):
+            return len(value)
+    raise ValueError("a batch holds no column, only summaries")
+
+
+def _refuse_cutting_summaries(batch: Batch, size: int) -> None:
+    summaries = [k for k, v in batch.items() if isinstance(v, Summary)]
+    if summaries:
+        raise ValueError(
+            f"the derive summarised each worker message ({', '.join(map(repr, summaries))}), "
+            f"which cannot be cut into batches of {size} rows; set_batch_size(message_rows) "
+            "to hand over whole messages"
+        )
 
 
 def _cut(batch: Batch, size: int, n: int) -> Iterator[Batch]:

@@ -221,10 +221,13 @@ class Ragged(NamedTuple):
     lengths: np.ndarray
 
 
-def finish_value(value: object) -> torch.Tensor | list[Any]:
-    """One wire value as a batch holds it: a tensor (sharing the numpy buffer) or a list."""
+def finish_value(value: object) -> Any:
+    """One wire value as a batch holds it: a tensor (sharing the numpy buffer) or a list; a
+    derive's whole-message summary (:class:`~pipeline.readers.derive.Summary`) as it came."""
     if isinstance(value, np.ndarray):
         return _from_numpy(value)
+    if not isinstance(value, (Coded, Ragged, pa.Array, pa.ChunkedArray)):
+        return value
     if isinstance(value, Coded):
         return _decode_codes(value)
     if isinstance(value, Ragged):

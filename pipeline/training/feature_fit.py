@@ -8,7 +8,7 @@ from and the missing values it met, per feature.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from pipeline.bundle.manifest import SchemaField
 from pipeline.readers.batches import accepted_mask
+from pipeline.readers.derive import Derive, Summary
 from pipeline.readers.index import Index
 from pipeline.training.columns import CATEGORY, Task, number_shape, why_not_a_feature
 from pipeline.training.features import (
@@ -52,7 +53,7 @@ def _columns(fields: list[SchemaField]) -> list[FeatureColumn]:
     return columns
 
 
-def _fit_rows(batch: dict, has_status: bool) -> torch.Tensor:
+def _fit_rows(batch: Mapping[str, Any], has_status: bool) -> torch.Tensor:
     """Rows whose values may shape the normalisation: accepted ones in a result bundle."""
     if has_status:
         return accepted_mask(batch)
@@ -92,8 +93,156 @@ def fit_spec(batches: Iterable[dict], fields: list[SchemaField], **options: Any)
     return fit_features(batches, fields, **options).spec
 
 
+#: Where a batch the fitting pass reads holds its :class:`FitSums`, summed where it was read.
+FIT_SUMS = "__fit_sums"
+
+
+@dataclass
+class FitSums:
+    """What the fitting pass sums over any number of rows; two combine by :meth:`merge`, so a
+    worker can sum what it reads and the main process only add the workers' sums."""
+
+    #: per number slot: rows counted, sum, sum of squares (float64)
+    sums: torch.Tensor
+    #: the regression target's rows, sum, sum of squares (float64)
+    target: torch.Tensor
+    #: missing values per column, then rows missing any, then rows used for fitting
+    tally: torch.Tensor
+    classes: set
+    #: per category column, the training rows' values and how often each was seen
+    seen: dict[str, Counter]
+
+    @classmethod
+    def empty(cls, columns: list[FeatureColumn]) -> FitSums:
+        width = sum(c.width for c in columns if not c.is_category)
+        return cls(
+            sums=torch.zeros(3, width, dtype=torch.float64),
+            target=torch.zeros(3, dtype=torch.float64),
+            tally=torch.zeros(len(columns) + 2, dtype=torch.int64),
+            classes=set(),
+            seen={c.name: Counter() for c in columns if c.is_category},
+        )
+
+    # Pickled (a worker sends its sums through the loader's pipe) as numpy arrays: a torch
+    # tensor would pickle as a shared-memory segment of its own, whose handover costs the
+    # worker more than the sums did (docs/performance.md).
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in _TENSORS:
+            state[name] = state[name].numpy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in _TENSORS:
+            state[name] = torch.from_numpy(state[name])
+        self.__dict__.update(state)
+
+    def merge(self, other: FitSums) -> None:
+        """Add ``other``'s rows to these."""
+        self.sums += other.sums
+        self.target += other.target
+        self.tally += other.tally
+        self.classes |= other.classes
+        for name, counts in other.seen.items():
+            self.seen[name].update(counts)
+
+
+_TENSORS = ("sums", "target", "tally")
+
+
+@dataclass(frozen=True)
+class _Fitting:
+    """How one batch adds to the :class:`FitSums` (see :func:`fit_features`)."""
+
+    columns: list[FeatureColumn]
+    task: Task
+    label: str
+    has_status: bool
+    id_field: str | None
+    holdout_percent: int
+    index: Index | None
+
+    def add(self, into: FitSums, batch: Mapping[str, Any]) -> None:
+        sums, target, tally, seen = into.sums, into.target, into.tally, into.seen
+        rows = _fit_rows(batch, self.has_status)
+        incomplete = torch.zeros_like(rows)
+        training = rows
+        if seen and self.index is not None and self.holdout_percent:
+            training = rows & ~batch_holdout(batch, self.index, self.holdout_percent)
+        elif seen and self.id_field is not None and self.holdout_percent:
+            training = rows & ~holdout_mask(batch[self.id_field], self.holdout_percent)
+        start = 0
+        all_rows = bool(rows.all())
+        for i, col in enumerate(self.columns):
+            if col.is_category:
+                values = category_values(batch, col)
+                null = as_bools(values.is_null())
+                incomplete |= null
+                tally[i] += (null & rows).sum()
+                kept = values.filter(pa.array(training.numpy())).drop_null()
+                for row in pc.value_counts(kept).to_pylist():
+                    seen[col.name][row["values"]] += row["counts"]
+                continue
+            if all_usable(batch, col):  # no value missing: no masks to build or apply
+                # a copy of its own, squared in place; the rows not used weigh 0 in a product
+                # with the mask, cheaper than copying out the rows used
+                x = batch[col.name].reshape(-1, col.width).to(torch.float64, copy=True)
+                used = None if all_rows else rows.to(torch.float64)
+                sums[0, start : start + col.width] += x.shape[0] if used is None else used.sum()
+                sums[1, start : start + col.width] += x.sum(0) if used is None else used @ x
+                x.mul_(x)
+                sums[2, start : start + col.width] += x.sum(0) if used is None else used @ x
+                start += col.width
+                continue
+            x, ok = number_values(batch, col)
+            incomplete |= ~ok.all(dim=1)
+            tally[i] += (~ok & rows.reshape(-1, 1)).sum()
+            ok &= rows.reshape(-1, 1)
+            x = torch.where(ok, x, 0.0)
+            sums[0, start : start + col.width] += ok.sum(0)
+            sums[1, start : start + col.width] += x.sum(0)
+            sums[2, start : start + col.width] += (x * x).sum(0)
+            start += col.width
+        tally[-2] += (incomplete & rows).sum()
+        tally[-1] += rows.sum()
+        y, has_y = labels(batch, self.label)
+        keep = rows & has_y
+        if self.task == "classification":
+            if isinstance(y, list):  # string labels: Python values by nature
+                into.classes.update(v for v, k in zip(y, keep.tolist(), strict=True) if k)
+            else:  # a handful of distinct values per batch, found without a Python loop
+                into.classes.update(torch.unique(y[keep]).tolist())
+        elif isinstance(y, torch.Tensor):  # a regression label is numeric (check_label)
+            yv = y.to(torch.float64)[keep]
+            target += torch.stack([keep.sum().to(torch.float64), yv.sum(), (yv * yv).sum()])
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Summary]:
+        """One batch's sums as a derive returns them (:data:`FIT_SUMS`)."""
+        into = FitSums.empty(self.columns)
+        self.add(into, batch)
+        return {FIT_SUMS: Summary(into)}
+
+
+def fitting_sums(
+    fields: list[SchemaField],
+    *,
+    task: Task,
+    label: str,
+    has_status: bool,
+    id_field: str | None = None,
+    holdout_percent: int = 0,
+    index: Index | None = None,
+) -> Derive:
+    """A derive (:mod:`pipeline.readers.derive`) that sums each batch where it is read, for a
+    :func:`fit_features` over the same loader with the same options: the main process then adds
+    the workers' sums instead of receiving and summing every feature value itself. With the
+    ``index``, the hold-out is looked up by position: look it up once before the workers fork
+    (:func:`~pipeline.training.features.index_holdout`), or each one would."""
+    return _Fitting(_columns(fields), task, label, has_status, id_field, holdout_percent, index)
+
+
 def fit_features(
-    batches: Iterable[dict],
+    batches: Iterable[Mapping[str, Any]],
     fields: list[SchemaField],
     *,
     task: Task,
@@ -115,69 +264,23 @@ def fit_features(
     ``index``, looked up by position), so a value only a
     held-out row has is unseen, as it would be in new data. A vocabulary of at most
     ``one_hot_max`` values is one-hot encoded, a larger one embedded; it keeps at most
-    ``max_categories`` values (:func:`vocabulary`).
+    ``max_categories`` values (:func:`vocabulary`). A batch summed where it was read (by
+    :func:`fitting_sums` with the same options) holds its :data:`FIT_SUMS`, which are added.
 
     With ``world_size > 1`` the sums, counts, classes and vocabularies are combined across
     ranks (a collective: every rank calls it), so every rank ends with the same spec.
     """
     columns = _columns(fields)
-    numbers = [c for c in columns if not c.is_category]
-    width = sum(c.width for c in numbers)
-    sums = torch.zeros(3, width, dtype=torch.float64)  # count, sum, sum of squares
-    target = torch.zeros(3, dtype=torch.float64)
-    # missing values per column, then rows missing any, then rows used for fitting
-    tally = torch.zeros(len(columns) + 2, dtype=torch.int64)
-    classes: set = set()
-    seen: dict[str, Counter] = {c.name: Counter() for c in columns if c.is_category}
+    fitting = _Fitting(columns, task, label, has_status, id_field, holdout_percent, index)
+    total = FitSums.empty(columns)
     for batch in batches:
-        rows = _fit_rows(batch, has_status)
-        incomplete = torch.zeros_like(rows)
-        training = rows
-        if seen and index is not None and holdout_percent:
-            training = rows & ~batch_holdout(batch, index, holdout_percent)
-        elif seen and id_field is not None and holdout_percent:
-            training = rows & ~holdout_mask(batch[id_field], holdout_percent)
-        start = 0
-        all_rows = bool(rows.all())
-        for i, col in enumerate(columns):
-            if col.is_category:
-                values = category_values(batch, col)
-                null = as_bools(values.is_null())
-                incomplete |= null
-                tally[i] += (null & rows).sum()
-                kept = values.filter(pa.array(training.numpy())).drop_null()
-                for row in pc.value_counts(kept).to_pylist():
-                    seen[col.name][row["values"]] += row["counts"]
-                continue
-            if all_usable(batch, col):  # no value missing: no masks to build or apply
-                x = batch[col.name].reshape(-1, col.width)
-                x = (x if all_rows else x[rows]).to(torch.float64)
-                sums[0, start : start + col.width] += x.shape[0]
-                sums[1, start : start + col.width] += x.sum(0)
-                sums[2, start : start + col.width] += (x * x).sum(0)
-                start += col.width
-                continue
-            x, ok = number_values(batch, col)
-            incomplete |= ~ok.all(dim=1)
-            tally[i] += (~ok & rows.reshape(-1, 1)).sum()
-            ok &= rows.reshape(-1, 1)
-            x = torch.where(ok, x, 0.0)
-            sums[0, start : start + col.width] += ok.sum(0)
-            sums[1, start : start + col.width] += x.sum(0)
-            sums[2, start : start + col.width] += (x * x).sum(0)
-            start += col.width
-        tally[-2] += (incomplete & rows).sum()
-        tally[-1] += rows.sum()
-        y, has_y = labels(batch, label)
-        keep = rows & has_y
-        if task == "classification":
-            if isinstance(y, list):  # string labels: Python values by nature
-                classes.update(v for v, k in zip(y, keep.tolist(), strict=True) if k)
-            else:  # a handful of distinct values per batch, found without a Python loop
-                classes.update(torch.unique(y[keep]).tolist())
-        elif isinstance(y, torch.Tensor):  # a regression label is numeric (check_label)
-            yv = y.to(torch.float64)[keep]
-            target += torch.stack([keep.sum().to(torch.float64), yv.sum(), (yv * yv).sum()])
+        summed = batch.get(FIT_SUMS)
+        if isinstance(summed, Summary):
+            total.merge(summed.value)
+        else:
+            fitting.add(total, batch)
+    sums, target, tally = total.sums, total.target, total.tally
+    classes, seen = total.classes, total.seen
     if world_size > 1:
         dist.all_reduce(sums)
         dist.all_reduce(target)

@@ -135,13 +135,15 @@ def _spec_tensors(
     )
 
 
-def number_values(batch: dict, col: FeatureColumn) -> tuple[torch.Tensor, torch.Tensor]:
+def number_values(
+    batch: Mapping[str, Any], col: FeatureColumn
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A column as float64 ``[B, width]`` and a ``[B, width]`` mask of usable values."""
     t = batch[col.name]
     return t.to(torch.float64).reshape(t.shape[0], col.width), usable_values(batch, col)
 
 
-def usable_values(batch: dict, col: FeatureColumn) -> torch.Tensor:
+def usable_values(batch: Mapping[str, Any], col: FeatureColumn) -> torch.Tensor:
     """A column's ``[B, width]`` mask of usable values (not NaN, not null), read from the
     values as stored."""
     t = batch[col.name]
@@ -153,7 +155,7 @@ def usable_values(batch: dict, col: FeatureColumn) -> torch.Tensor:
     return ok
 
 
-def all_usable(batch: dict, col: FeatureColumn) -> bool:
+def all_usable(batch: Mapping[str, Any], col: FeatureColumn) -> bool:
     """Whether :func:`usable_values` would be all true, found without building the mask (the
     common case: the fitting pass then sums the column as it is)."""
     valid = batch.get(col.name + VALID_SUFFIX)
@@ -164,7 +166,7 @@ def all_usable(batch: dict, col: FeatureColumn) -> bool:
     return not t.is_floating_point() or not bool(torch.isnan(t.sum()))
 
 
-def labels(batch: dict, label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
+def labels(batch: Mapping[str, Any], label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
     """The label values of a batch and a ``[B]`` mask of rows that have one."""
     raw = batch[label]
     if isinstance(raw, list):  # a string label
@@ -177,7 +179,7 @@ def labels(batch: dict, label: str) -> tuple[list | torch.Tensor, torch.Tensor]:
     return raw, valid
 
 
-def category_values(batch: dict, col: FeatureColumn) -> pa.Array:
+def category_values(batch: Mapping[str, Any], col: FeatureColumn) -> pa.Array:
     """A string column of a batch as Arrow (the readers hand strings over as a list)."""
     values = batch[col.name]
     return values if isinstance(values, pa.Array) else pa.array(values, pa.string())

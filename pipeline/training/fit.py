@@ -30,11 +30,12 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline.readers.batches import accepted_mask, confidence_weights
+from pipeline.readers.derive import Derive
 from pipeline.readers.index import Index
 from pipeline.training.columns import Task
 from pipeline.training.denormals import flushed_denormals
 from pipeline.training.device import cpu_state_dict, tensor_to, to_device
-from pipeline.training.feature_fit import FittedFeatures, fit_features
+from pipeline.training.feature_fit import FittedFeatures, fit_features, fitting_sums
 from pipeline.training.features import (
     FeatureSpec,
     batch_holdout,
@@ -245,20 +246,29 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
         columns=columns,
     )
     resumed = ctx.progress.load()
+    workers = loader.loader.num_workers > 0
+    if workers:  # looked up here once, so every worker forked from now on inherits it
+        index_holdout(index, config.holdout_percent)
     if resumed is None:
+        options: dict[str, Any] = {
+            "task": config.task,
+            "label": config.label,
+            "has_status": has_status,
+            "id_field": index.id_field,
+            "holdout_percent": config.holdout_percent,
+            "index": index,
+        }
+        fitting = _fitting_pass(ctx, loader, config, columns, fitting_sums(fields, **options))
         fitted = fit_features(
-            whole_pass(ctx, loader, config, columns, epoch=0),
+            fitting,
             fields,
-            task=config.task,
-            label=config.label,
-            has_status=has_status,
             world_size=ctx.world_size,
-            id_field=index.id_field,
-            holdout_percent=config.holdout_percent,
             one_hot_max=config.one_hot_max,
             max_categories=config.max_categories,
-            index=index,
+            **options,
         )
+        if fitting is not loader:  # its workers are gone before the fit's fork
+            fitting.stop_workers()
         loader.set_batch_size(config.batch_size)  # the epochs step on the batches asked for
         _refuse_missing(fitted, config)
         if ctx.rank == 0:
@@ -271,10 +281,7 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     spec = fitted.spec
     feature_set = feature_set.model_copy(update=_missing_record(fitted, config))
     device = ctx.device
-    if loader.loader.num_workers > 0:
-        # the workers compute each batch's tensors while this process steps; the hold-out is
-        # looked up here first, so the workers forked from now on inherit it
-        index_holdout(index, config.holdout_percent)
+    if workers:  # the workers compute each batch's tensors while this process steps
         loader.set_derive(functools.partial(fit_tensors, spec=spec, config=config, index=index))
     model = model_for(spec, config.hidden).to(device)  # initialised on the CPU
     opt = torch.optim.Adam(
@@ -458,6 +465,41 @@ def whole_pass(
         num_workers=0,
         columns=columns,
     )
+
+
+def _fitting_pass(
+    ctx: FitContext,
+    fit_loader: TalliedLoader,
+    config: ReferenceConfig,
+    columns: list[str],
+    summing: Derive,
+) -> TalliedLoader:
+    """The fitting pass's loader, its workers summing what they read (``summing``) where there
+    are two or more of them: one worker that reads and sums alone is slower than one that
+    reads while this process sums (docs/performance.md).
+
+    On the CPU in a fit of one rank, a loader of its own with a worker per core the fit holds
+    (its workers' and the model's intra-op threads'): no model runs yet, and this process only
+    adds their sums. Stop its workers once the pass is over, before the fit's fork. Elsewhere the
+    pass :func:`whole_pass` gives (a rank of several keeps to the fit's own loader, see
+    :func:`_evaluation_pass`).
+    """
+    workers = fit_loader.loader.num_workers
+    if ctx.device.type == "cpu" and workers and ctx.world_size == 1:
+        loader = ctx.loader(
+            style=config.reader,
+            batch_size=max(config.batch_size, WHOLE_PASS_ROWS),
+            shuffle=False,
+            num_workers=workers + torch.get_num_threads(),
+            columns=columns,
+        )
+        loader.set_batch_size(loader.loader.message_rows)  # whole messages: sums are not cut
+        loader.set_derive(summing)
+        return loader
+    loader = whole_pass(ctx, fit_loader, config, columns, epoch=0)
+    if workers >= 2:  # whole messages, as whole_pass cuts them with workers
+        loader.set_derive(summing)
+    return loader
 
 
 #: What :func:`scored_tensors` adds to a batch's targets and masks: the trained model's answer

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipeline.readers import make_loader, set_epoch
+from pipeline.readers.derive import Summary
 
 
 def pid_and_doubled(batch) -> dict[str, torch.Tensor]:
@@ -36,3 +37,24 @@ def test_derive_runs_in_the_workers_and_reaches_persistent_ones(index, style):
     assert derived.keys() == expected.keys() and len(derived) == len(index)
     assert all(torch.equal(derived[p], expected[p]) for p in expected)
     assert os.getpid() not in pids and len(pids) == 2  # the two workers, not this process
+
+
+def pid_and_sum(batch) -> dict:
+    return {"__sum": Summary((os.getpid(), len(batch["x"]), float(batch["x"].sum())))}
+
+
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_a_summary_is_made_in_the_workers_and_crosses_to_this_process(index, style):
+    kw = dict(style=style, batch_size=16, seed=4, transfer_batches=2)
+    loader = make_loader(
+        index, num_workers=2, multiprocessing_context="fork", derive=pid_and_sum, **kw
+    )
+    plain = make_loader(index, num_workers=0, **kw)
+    loader.set_batch_size(loader.message_rows)
+    set_epoch(loader, 1)
+    set_epoch(plain, 1)
+    made = [b["__sum"].value for b in loader]
+    assert {pid for pid, _, _ in made} - {os.getpid()} == {pid for pid, _, _ in made}
+    assert len({pid for pid, _, _ in made}) == 2
+    assert sum(n for _, n, _ in made) == len(index)
+    assert sum(s for _, _, s in made) == pytest.approx(sum(float(b["x"].sum()) for b in plain))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline.readers import make_loader, set_epoch
+from pipeline.readers.derive import Summary
 from pipeline.readers.tensors import POSITION_KEY
 
 
@@ -52,7 +53,7 @@ def test_set_derive_applies_from_the_next_epoch_and_none_reads_the_columns_again
     [
         (lambda b: {"item_id": b["x"]}, ValueError, "a column every batch carries"),
         (lambda b: {POSITION_KEY: b["x"]}, ValueError, "a column every batch carries"),
-        (lambda b: {"__n": [1, 2]}, TypeError, "a CPU tensor is expected"),
+        (lambda b: {"__n": [1, 2]}, TypeError, "a CPU tensor .* or a Summary is expected"),
         (lambda b: {"__one": b["x"][:1]}, ValueError, "one row per row of the batch"),
         (lambda b: {"__scalar": b["x"].sum()}, ValueError, "one row per row of the batch"),
         (lambda b: {"__bf16": b["x"].bfloat16()}, TypeError, "as torch.bfloat16"),
@@ -74,3 +75,33 @@ def test_what_is_derived_cannot_change_under_a_loaded_state(index):
     again.load_state_dict(state)
     with pytest.raises(ValueError, match="waits to be resumed"):
         again.set_derive(doubled)
+
+
+def summed(batch) -> dict:
+    return {"__sum": Summary((len(batch["item_id"]), float(batch["x"].sum())))}
+
+
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_a_summary_of_each_message_comes_whole_and_alone_beside_the_carried_columns(index, style):
+    kw = dict(style=style, batch_size=16, num_workers=0, seed=3, transfer_batches=4)
+    plain = make_loader(index, **kw)
+    loader = make_loader(index, derive=summed, **kw)
+    loader.set_batch_size(loader.message_rows)  # whole messages
+    set_epoch(plain, 1)
+    set_epoch(loader, 1)
+    rows, total, seen = 0, 0.0, 0
+    for b in loader:
+        assert "x" not in b and isinstance(b["__sum"], Summary)
+        n, s = b["__sum"].value
+        assert n == len(b["item_id"]) == len(b[POSITION_KEY])  # the summary of this batch
+        rows, total, seen = rows + n, total + s, seen + 1
+    assert rows == len(index) and seen > 1  # every row, summed message by message
+    assert total == pytest.approx(sum(float(b["x"].sum()) for b in plain))
+
+
+def test_a_summary_is_never_cut_into_batches(index):
+    loader = make_loader(
+        index, style="iterable", batch_size=16, num_workers=0, transfer_batches=4, derive=summed
+    )
+    with pytest.raises(ValueError, match=r"cannot be cut into batches of 16 rows.*message_rows"):
+        next(iter(loader))

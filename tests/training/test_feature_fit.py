@@ -4,12 +4,15 @@ none takes a path without masks, and must agree with the one that masks)."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import torch
 
 from pipeline.bundle.manifest import SchemaField
+from pipeline.readers.derive import Summary
 from pipeline.readers.tensors import VALID_SUFFIX
-from pipeline.training.feature_fit import fit_features
+from pipeline.training.feature_fit import FIT_SUMS, fit_features, fitting_sums
 
 ROWS = 300
 FIELDS = [
@@ -83,3 +86,38 @@ def test_a_batch_missing_a_value_takes_the_masked_path_and_both_agree():
     clean = _fit(_batches(nan_at=None))
     assert fitted.spec.mean[2:] == clean.spec.mean[2:]  # the same path, the same bits
     np.testing.assert_allclose(fitted.spec.mean[0], clean.spec.mean[0], rtol=1e-12)
+
+
+def test_sums_made_where_batches_are_read_fit_as_the_batches_summed_here():
+    # A worker's sums of its batches (fitting_sums) arrive as one value a batch; added, they fit
+    # what summing the batches here fits: the same counts, classes and missing values, and the
+    # normalisation to the last bits of another order of addition.
+    batches = _batches(nan_at=70)
+    summing = fitting_sums(FIELDS, task="classification", label="y", has_status=True)
+    carried = [
+        {"lithi_status": b["lithi_status"], **summing(b)} for b in batches
+    ]  # what crosses: the carried columns and the summary
+    assert all(isinstance(b[FIT_SUMS], Summary) and "emb" not in b for b in carried)
+    here, there = _fit(batches), _fit(carried)
+    assert there.rows == here.rows and there.missing == here.missing
+    assert there.incomplete_rows == here.incomplete_rows
+    assert there.spec.classes == here.spec.classes
+    np.testing.assert_allclose(there.spec.mean, here.spec.mean, rtol=1e-13)
+    np.testing.assert_allclose(there.spec.std, here.spec.std, rtol=1e-12)
+
+
+def test_a_workers_sums_cross_the_pipe_as_arrays_not_shared_memory_segments():
+    # torch pickles a tensor for another process as a shared-memory segment of its own, whose
+    # handover cost a worker more than its sums; the sums pickle as numpy arrays instead.
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions, as a worker has)
+
+    summing = fitting_sums(FIELDS, task="classification", label="y", has_status=True)
+    sums = summing(_batches(nan_at=None)[0])[FIT_SUMS].value
+    wire = bytes(ForkingPickler.dumps(sums))
+    assert b"rebuild_storage" not in wire and b"torch" not in wire
+    back = pickle.loads(wire)
+    for name in ("sums", "target", "tally"):
+        assert torch.equal(getattr(back, name), getattr(sums, name))
+    assert back.classes == sums.classes and back.seen == sums.seen

@@ -246,13 +246,13 @@ def test_the_prediction_table_says_which_rows_were_held_out(classes, tmp_path):
 
 
 @pytest.mark.parametrize("reader", ["map", "iterable"])
-def test_with_workers_the_evaluation_scores_in_workers_forked_once_the_fits_are_stopped(
+def test_with_workers_the_fitting_pass_and_evaluation_fork_their_own_once_the_others_stop(
     classes, tmp_path, reader, monkeypatch
 ):
-    # The fit's workers derive each batch's tensors, so this process only steps; the
-    # evaluation's workers, one per core the fit held, read and score, so it only sums. They
-    # fork only once the fit's are stopped: a loader's workers forked beside another's
-    # persistent ones could hang a rank (make demo once did).
+    # The fit's workers derive each batch's tensors, so this process only steps; the fitting
+    # pass's workers and the evaluation's, one per core the fit held, read and sum or score, so
+    # it only adds. Each loader forks only once the others' workers are stopped: a loader's
+    # workers forked beside another's persistent ones could hang a rank (make demo once did).
     import multiprocessing
 
     from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
@@ -304,9 +304,11 @@ def test_with_workers_the_evaluation_scores_in_workers_forked_once_the_fits_are_
         pids.unlink()
         scored.unlink()
         if workers:
-            # the fit's loader, then the evaluation's, with more workers than the fit had
-            assert len(built) == 2 and built[0] is None and built[1] > workers, built
-            assert alive_at_build[1] == [], "the fit's workers were stopped before any fork"
+            # the fit's loader, then the fitting pass's and the evaluation's, each with more
+            # workers than the fit had, forked when no other loader's were running
+            assert len(built) == 3 and built[0] is None, built
+            assert built[1] > workers and built[2] > workers, built
+            assert alive_at_build[1:] == [[], []], "another loader's workers were running"
             assert derived_in and scored_in and here not in derived_in | scored_in
         else:  # the fitting pass and the evaluation each read in-process, in larger batches
             assert built == [None, 0, 0]
@@ -488,3 +490,44 @@ def test_on_the_cpu_a_step_computes_only_the_rows_that_weigh_something(
     kept, every = runs["kept"].result, runs["every"].result
     assert kept.loss_curve == pytest.approx(every.loss_curve, rel=1e-5)
     assert kept.metrics == pytest.approx(every.metrics, rel=1e-3)
+
+
+def test_with_workers_the_fitting_pass_is_summed_where_it_is_read(classes, tmp_path, monkeypatch):
+    # The fitting pass only sums: each worker sums the rows it reads and this process adds
+    # their sums, rather than receive every feature value through the pipe and sum it here.
+    from pipeline.training import REFERENCE_TRAINER, feature_fit, load_trainer, run_fit
+
+    where = tmp_path / "summed-in"
+    real_add = feature_fit._Fitting.add
+
+    def noted(self, into, batch):
+        with where.open("a") as f:
+            f.write(f"{os.getpid()} {sorted(k for k in batch if not k.startswith('lithi_'))}\n")
+        return real_add(self, into, batch)
+
+    monkeypatch.setattr(feature_fit._Fitting, "add", noted)
+    config = {"label": "lithi_label", "features": ["x", "scalar", "count"], "epochs": 1}
+    specs = {}
+    for workers in (1, 0):
+        out = tmp_path / f"w{workers}"
+        out.mkdir()
+        run = run_fit(
+            load_trainer(REFERENCE_TRAINER), classes, config, output_dir=out,
+            num_workers=workers, log=lambda _: None,
+        )  # fmt: skip
+        assert run.reconciliation.ok
+        specs[workers] = torch.load(out / "model.pt", weights_only=False)["spec"]
+        lines = where.read_text().splitlines()
+        where.unlink()
+        pids = {line.split()[0] for line in lines}
+        if workers:
+            assert pids and str(os.getpid()) not in pids  # summed in the worker alone
+        else:
+            assert pids == {str(os.getpid())}
+        assert all("'x'" in line for line in lines)  # each summed batch had the columns
+    # the same rows summed either way (in another order: the last bits may differ)
+    for key in ("mean", "std"):
+        assert specs[1][key] == pytest.approx(specs[0][key], rel=1e-12)
+    assert {k: v for k, v in specs[1].items() if k not in ("mean", "std")} == {
+        k: v for k, v in specs[0].items() if k not in ("mean", "std")
+    }
