@@ -486,16 +486,7 @@ def _fitting_pass(
     """
     workers = fit_loader.loader.num_workers
     if ctx.device.type == "cpu" and workers and ctx.world_size == 1:
-        loader = ctx.loader(
-            style=config.reader,
-            batch_size=max(config.batch_size, WHOLE_PASS_ROWS),
-            shuffle=False,
-            num_workers=workers + torch.get_num_threads(),
-            columns=columns,
-        )
-        loader.set_batch_size(loader.loader.message_rows)  # whole messages: sums are not cut
-        loader.set_derive(summing)
-        return loader
+        return _every_core_pass(ctx, workers, config, columns, summing)
     loader = whole_pass(ctx, fit_loader, config, columns, epoch=0)
     if workers >= 2:  # whole messages, as whole_pass cuts them with workers
         loader.set_derive(summing)
@@ -550,6 +541,19 @@ def _evaluation_pass(
     if ctx.device.type != "cpu" or workers == 0 or ctx.world_size > 1:
         return whole_pass(ctx, fit_loader, config, columns, epoch=config.epochs + 1)
     fit_loader.stop_workers()
+    score = functools.partial(
+        scored_tensors, model=model, spec=spec, config=config, index=ctx.index
+    )
+    return _every_core_pass(ctx, workers, config, columns, score)
+
+
+def _every_core_pass(
+    ctx: FitContext, workers: int, config: ReferenceConfig, columns: list[str], derive: Derive
+) -> TalliedLoader:
+    """A loader of its own for a pass whose workers do all the work (``derive``): one worker
+    per core the fit holds, its ``workers`` and the model's intra-op threads, in whole messages
+    (nothing is stepped on, and a summary cannot be cut). No other loader's workers may be
+    running when it forks (see :func:`whole_pass`)."""
     loader = ctx.loader(
         style=config.reader,
         batch_size=max(config.batch_size, WHOLE_PASS_ROWS),
@@ -557,11 +561,8 @@ def _evaluation_pass(
         num_workers=workers + torch.get_num_threads(),
         columns=columns,
     )
-    loader.set_batch_size(loader.loader.message_rows)  # whole messages: nothing to step on
-    score = functools.partial(
-        scored_tensors, model=model, spec=spec, config=config, index=ctx.index
-    )
-    loader.set_derive(score)
+    loader.set_batch_size(loader.loader.message_rows)
+    loader.set_derive(derive)
     return loader
 
 

@@ -88,6 +88,17 @@ def values(tmp_path_factory) -> Index:
 FEATURES = ["x", "scalar", "count", "flag", "seen"]
 
 
+def _fit(index: Index, config: dict, out: Path, *, workers: int | None = None):
+    """The reference trainer's fit of ``index`` in this process, into ``out``."""
+    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
+
+    out.mkdir(parents=True, exist_ok=True)
+    kw = {} if workers is None else {"num_workers": workers}
+    return run_fit(
+        load_trainer(REFERENCE_TRAINER), index, config, output_dir=out, log=lambda _: None, **kw
+    )
+
+
 def test_classification_with_string_labels_and_nulls_in_every_feature_type(classes, tmp_path):
     config = {"label": "lithi_label", "features": FEATURES, "epochs": 6}
     result, report, passes, files, table = train(classes, tmp_path / "ckpt", config)
@@ -255,7 +266,6 @@ def test_with_workers_the_fitting_pass_and_evaluation_fork_their_own_once_the_ot
     # workers forked beside another's persistent ones could hang a rank (make demo once did).
     import multiprocessing
 
-    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
     from pipeline.training import fit as fit_module
     from pipeline.training.trainer import _Context
 
@@ -292,11 +302,7 @@ def test_with_workers_the_fitting_pass_and_evaluation_fork_their_own_once_the_ot
         built.clear()
         alive_at_build.clear()
         out = tmp_path / f"w{workers}"
-        out.mkdir()
-        run = run_fit(
-            load_trainer(REFERENCE_TRAINER), classes, config, output_dir=out,
-            num_workers=workers, log=lambda _: None,
-        )  # fmt: skip
+        run = _fit(classes, config, out, workers=workers)
         assert run.reconciliation.ok and run.passes == 2 + 2
         metrics[workers] = run.result.metrics
         derived_in = set(pids.read_text().split())
@@ -359,7 +365,6 @@ def test_the_fit_flushes_denormals_on_the_cpu_unless_told_not_to(
     # Adam's moments and the gradients of units that stop firing decay into denormals over
     # thousands of steps, and every one of them makes a CPU float operation tens of times
     # slower: at 10^7 items the backward pass took most of the step (docs/performance.md).
-    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
     from pipeline.training import fit as fit_module
 
     seen: list[bool] = []
@@ -374,10 +379,7 @@ def test_the_fit_flushes_denormals_on_the_cpu_unless_told_not_to(
     config = {"label": "lithi_label", "features": ["x"], "epochs": 1}
     if not flush:
         config["flush_denormals"] = False
-    run = run_fit(
-        load_trainer(REFERENCE_TRAINER), classes, config, output_dir=tmp_path,
-        log=lambda _: None,
-    )  # fmt: skip
+    run = _fit(classes, config, tmp_path)
     assert run.reconciliation.ok
     assert seen and set(seen) == {not flush}, seen
     assert _denormal_survives()  # the thread's mode is as it was once the fit returns
@@ -424,7 +426,6 @@ def test_the_model_scores_large_cpu_batches_in_cache_sized_slices(tmp_path, monk
 def test_the_fits_adam_steps_fused_on_the_cpu(classes, tmp_path, monkeypatch):
     # torch's default Adam on the CPU loops over a dozen small operations per parameter, a
     # tenth of the reference model's step; fused, it is one kernel per parameter.
-    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
 
     stepped: list[object] = []
     original = torch.optim.Adam
@@ -436,10 +437,7 @@ def test_the_fits_adam_steps_fused_on_the_cpu(classes, tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch.optim, "Adam", Recording)
     config = {"label": "lithi_label", "features": ["x"], "epochs": 1}
-    run = run_fit(
-        load_trainer(REFERENCE_TRAINER), classes, config, output_dir=tmp_path,
-        log=lambda _: None,
-    )  # fmt: skip
+    run = _fit(classes, config, tmp_path)
     assert run.reconciliation.ok
     assert stepped and set(stepped) == {True}, stepped
 
@@ -449,7 +447,6 @@ def test_on_the_cpu_a_step_computes_only_the_rows_that_weigh_something(
 ):
     # A held-out row, a row not accepted and one without a label weigh 0: the step's loss and
     # gradients are the same without them, and computing them would cost a trained row's time.
-    from pipeline.training import REFERENCE_TRAINER, load_trainer, run_fit
     from pipeline.training import fit as fit_module
 
     stepped: list[tuple[int, float]] = []
@@ -471,11 +468,7 @@ def test_on_the_cpu_a_step_computes_only_the_rows_that_weigh_something(
             monkeypatch.setattr(fit_module, "training_rows", every_row)
         stepped.clear()
         out = tmp_path / name
-        out.mkdir()
-        runs[name] = run_fit(
-            load_trainer(REFERENCE_TRAINER), classes, config, output_dir=out,
-            num_workers=0, log=lambda _: None,
-        )  # fmt: skip
+        runs[name] = _fit(classes, config, out, workers=0)
         assert runs[name].reconciliation.ok
         rows = sum(n for n, _ in stepped)
         if name == "kept":
@@ -495,7 +488,7 @@ def test_on_the_cpu_a_step_computes_only_the_rows_that_weigh_something(
 def test_with_workers_the_fitting_pass_is_summed_where_it_is_read(classes, tmp_path, monkeypatch):
     # The fitting pass only sums: each worker sums the rows it reads and this process adds
     # their sums, rather than receive every feature value through the pipe and sum it here.
-    from pipeline.training import REFERENCE_TRAINER, feature_fit, load_trainer, run_fit
+    from pipeline.training import feature_fit
 
     where = tmp_path / "summed-in"
     real_add = feature_fit._Fitting.add
@@ -510,11 +503,7 @@ def test_with_workers_the_fitting_pass_is_summed_where_it_is_read(classes, tmp_p
     specs = {}
     for workers in (1, 0):
         out = tmp_path / f"w{workers}"
-        out.mkdir()
-        run = run_fit(
-            load_trainer(REFERENCE_TRAINER), classes, config, output_dir=out,
-            num_workers=workers, log=lambda _: None,
-        )  # fmt: skip
+        run = _fit(classes, config, out, workers=workers)
         assert run.reconciliation.ok
         specs[workers] = torch.load(out / "model.pt", weights_only=False)["spec"]
         lines = where.read_text().splitlines()
