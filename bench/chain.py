@@ -466,7 +466,7 @@ def measure_limits(
 
     from pipeline.bundle.digest import cpu_count, sha256_files
     from pipeline.bundle.verify import verify
-    from pipeline.readers.index import Index
+    from pipeline.readers.index import Index, read_columns
     from pipeline.readers.loader import make_loader
 
     snap = verify(result_root)
@@ -489,7 +489,7 @@ def measure_limits(
 
     sha = best(lambda: sha256_files(paths))
     decode_all = best(lambda: [pq.read_table(p) for p in paths])
-    decode_ids = best(lambda: _read_ids_side_by_side(paths, id_field))
+    decode_ids = best(lambda: read_columns(paths, id_field))
     write = _write_seconds(pa.concat_tables(pq.read_table(p) for p in paths), best)
     id_column = pa.concat_tables(pq.read_table(p, columns=[id_field]) for p in paths)
     write_ids = best(lambda: _save_ids(id_column.column(0).combine_chunks()))
@@ -567,23 +567,6 @@ def _copy_durably(paths: list[Path]) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-def _read_ids_side_by_side(paths: list[Path], id_field: str) -> list:
-    """The id column of every file, the files read side by side, a thread a core (as
-    ``Index.from_snapshot`` reads them): the fastest this machine decodes ids."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import pyarrow.parquet as pq
-
-    from pipeline.bundle.digest import cpu_count
-
-    def one(path: Path):
-        with pq.ParquetFile(path) as pf:
-            return pf.read(columns=[id_field], use_threads=False)
-
-    with ThreadPoolExecutor(max_workers=cpu_count()) as pool:
-        return list(pool.map(one, paths))
 
 
 def limit_seconds(step: str, items: int, m: dict, lim: dict, input_bytes: int) -> float:

@@ -88,7 +88,7 @@ def _ids_sha256(ids: pa.Array | pa.ChunkedArray) -> str:
     return sha256_buffers(itertools.chain(rebased(), values()))
 
 
-def _read_columns(paths: Sequence[Path], name: str) -> list[pa.ChunkedArray]:
+def read_columns(paths: Sequence[Path], name: str) -> list[pa.ChunkedArray]:
     """Column ``name`` of every file, in order, the files read side by side (a thread a core):
     one column of one file is too little work for Arrow to spread over the cores itself."""
 
@@ -118,8 +118,9 @@ class Index:
         snapshot = require_verified(snapshot, "Index.from_snapshot")
         m = snapshot.manifest
         chunks: list[pa.Array] = []
-        columns = _read_columns(snapshot.part_paths(), m.item_id_field)
-        for entry, path, col in zip(m.parts, snapshot.part_paths(), columns, strict=True):
+        paths = snapshot.part_paths()
+        columns = read_columns(paths, m.item_id_field)
+        for entry, path, col in zip(m.parts, paths, columns, strict=True):
             if len(col) != entry.rows:  # the file changed after verification
                 raise RowCountMismatch(
                     f"{path}: manifest says {entry.rows} rows, found {len(col)}; "

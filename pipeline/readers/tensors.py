@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -226,14 +226,14 @@ def finish_value(value: object) -> Any:
     derive's whole-message summary (:class:`~pipeline.readers.derive.Summary`) as it came."""
     if isinstance(value, np.ndarray):
         return _from_numpy(value)
-    if not isinstance(value, (Coded, Ragged, pa.Array, pa.ChunkedArray)):
-        return value
     if isinstance(value, Coded):
         return _decode_codes(value)
     if isinstance(value, Ragged):
         flat = _from_numpy(value.values)
         return list(torch.split(flat, value.lengths.tolist())) if len(value.lengths) else []
-    return cast(pa.Array, value).to_pylist()  # the rest are Arrow arrays (see Wire)
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        return value.to_pylist()
+    return value  # a derive's Summary, handed over as it came
 
 
 def with_positions(wire: Wire, positions: np.ndarray | pa.Array | pa.ChunkedArray) -> Wire:

@@ -97,6 +97,10 @@ def fit_spec(batches: Iterable[dict], fields: list[SchemaField], **options: Any)
 FIT_SUMS = "__fit_sums"
 
 
+#: the fields of :class:`FitSums` that are tensors
+_TENSORS = ("sums", "target", "tally")
+
+
 @dataclass
 class FitSums:
     """What the fitting pass sums over any number of rows; two combine by :meth:`merge`, so a
@@ -145,9 +149,6 @@ class FitSums:
         self.classes |= other.classes
         for name, counts in other.seen.items():
             self.seen[name].update(counts)
-
-
-_TENSORS = ("sums", "target", "tally")
 
 
 @dataclass(frozen=True)

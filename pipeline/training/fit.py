@@ -246,8 +246,8 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
         columns=columns,
     )
     resumed = ctx.progress.load()
-    workers = loader.loader.num_workers > 0
-    if workers:  # looked up here once, so every worker forked from now on inherits it
+    has_workers = loader.loader.num_workers > 0
+    if has_workers:  # looked up here once, so every worker forked from now on inherits it
         index_holdout(index, config.holdout_percent)
     if resumed is None:
         options: dict[str, Any] = {
@@ -281,7 +281,7 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     spec = fitted.spec
     feature_set = feature_set.model_copy(update=_missing_record(fitted, config))
     device = ctx.device
-    if workers:  # the workers compute each batch's tensors while this process steps
+    if has_workers:  # the workers compute each batch's tensors while this process steps
         loader.set_derive(functools.partial(fit_tensors, spec=spec, config=config, index=index))
     model = model_for(spec, config.hidden).to(device)  # initialised on the CPU
     opt = torch.optim.Adam(
