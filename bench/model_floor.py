@@ -7,9 +7,11 @@ process:
 * **beside a reader**: the same step while a loader pass runs in another process. At world
   size 1 the fit's DataLoader worker reads on the other core throughout the epoch, and the two
   share the machine's caches and memory bandwidth, so the step is slower than alone.
-* **in ranks**: at world size 2 or more, every rank stepping under DistributedDataParallel over
-  gloo on its own batch, with the gradients' all-reduce after each backward. The ranks of the
-  bench's training share this machine, so this is what an epoch costs before any data is read.
+* **in ranks**: at world size 2 or more, every rank stepping under DistributedDataParallel on
+  its own batch, with the gradients averaged after each backward as the fit averages them (in
+  shared memory where the ranks share the host, ``pipeline.training.host_allreduce``). The ranks
+  of the bench's training share this machine, so this is what an epoch costs before any data is
+  read.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ def _rank(rank, checkpoint, batch_size, world, steps, store, out) -> None:
     import torch.distributed as dist
 
     from pipeline.training.denormals import flushed_denormals
+    from pipeline.training.host_allreduce import attach_host_allreduce
     from pipeline.training.model import load_checkpoint
     from pipeline.training.threads import intra_op_threads
 
@@ -131,6 +134,7 @@ def _rank(rank, checkpoint, batch_size, world, steps, store, out) -> None:
     try:
         model, spec = load_checkpoint(checkpoint)
         net = torch.nn.parallel.DistributedDataParallel(model.net)
+        attach_host_allreduce(net, model.net)  # as the fit does on the CPU
         step = train_step(model, spec, batch_size, net=net)
         with flushed_denormals():  # as the fit computes
             seconds = best_seconds(step, steps, sync=dist.barrier)

@@ -45,6 +45,7 @@ from pipeline.training.features import (
     regression_targets,
     to_features,
 )
+from pipeline.training.host_allreduce import attach_host_allreduce
 from pipeline.training.model import model_for, save_checkpoint, scores
 from pipeline.training.reference_config import ReferenceConfig, check_config, checkpoint_config
 from pipeline.training.trainer import (
@@ -319,6 +320,11 @@ def _fit_reference(ctx: FitContext, config: ReferenceConfig) -> FitResult:
     if ctx.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
         net = ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if device.type == "cpu" and config.host_allreduce:
+            # the segment lives as long as the hook DDP holds: it is unmapped with DDP
+            _, said = attach_host_allreduce(ddp, model)
+            if ctx.rank == 0:
+                ctx.log(said)
 
     def save_cut(step: int, epoch: int, done: int) -> None:
         """A mid-fit cut after ``step``: what every rank shares, and this rank's own place."""

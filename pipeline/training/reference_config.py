@@ -47,6 +47,11 @@ class ReferenceConfig(BaseModel):
         description="on the CPU, treat float32 values below 1.2e-38 as zero during the fit "
         "(FTZ/DAZ): long fits otherwise slow down as Adam's moments decay into them",
     )
+    host_allreduce: bool = Field(
+        default=True,
+        description="ranks on one host's CPU average their gradients through shared memory "
+        "instead of gloo's loopback TCP (x86-64 Linux; elsewhere gloo, as off)",
+    )
     one_hot_max: int = Field(
         default=16,
         ge=0,
@@ -92,6 +97,7 @@ _LATER_FIELDS = {
     "max_categories": 10_000,
     "missing": "fill",
     "flush_denormals": True,
+    "host_allreduce": True,
 }
 
 

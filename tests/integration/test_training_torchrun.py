@@ -74,6 +74,9 @@ def test_a_rank_killed_mid_epoch_is_restarted_by_torchrun_and_resumes(
     assert not [m for m in logs if "unexpected message" in m], logs
     # Rank 0's log lines reached the Dagster run.
     assert any("epoch 2/2" in m for m in logs), logs
+    # Both attempts' ranks, on this one host's CPU, averaged their gradients in shared memory.
+    averaged = [m for m in logs if m.startswith("gradients averaged")]
+    assert averaged == ["gradients averaged in shared memory (2 ranks on one host)"] * 2, logs
     # The restarted rank 0 said where it resumed, through the same Pipes channel.
     said = "resumed after step 5 (cut on 2 rank(s), resumed on 2): epoch 1/2, 7 of"
     assert any(m.startswith(said) for m in logs), logs

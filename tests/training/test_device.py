@@ -206,7 +206,15 @@ def test_a_checkpoint_is_saved_from_cpu_copies_with_todays_bytes(tmp_path):
 
 
 def test_the_checkpoint_config_leaves_later_fields_out_at_their_default():
-    later = {"amp", "mix", "one_hot_max", "max_categories", "missing", "flush_denormals"}
+    later = {
+        "amp",
+        "mix",
+        "one_hot_max",
+        "max_categories",
+        "missing",
+        "flush_denormals",
+        "host_allreduce",
+    }
     default = checkpoint_config(ReferenceConfig())
     assert set(default) == set(ReferenceConfig.model_fields) - later
     assert checkpoint_config(ReferenceConfig(amp=True))["amp"] is True
@@ -214,6 +222,7 @@ def test_the_checkpoint_config_leaves_later_fields_out_at_their_default():
     assert checkpoint_config(ReferenceConfig(missing="drop"))["missing"] == "drop"
     assert checkpoint_config(ReferenceConfig(one_hot_max=4))["one_hot_max"] == 4
     assert checkpoint_config(ReferenceConfig(flush_denormals=False))["flush_denormals"] is False
+    assert checkpoint_config(ReferenceConfig(host_allreduce=False))["host_allreduce"] is False
 
 
 def _result_index(tmp_path) -> Index:
