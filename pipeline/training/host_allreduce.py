@@ -50,8 +50,9 @@ SHM_DIR = Path("/dev/shm")
 _PREFIX = "lithi-ddp-"
 _TOKEN_BYTES = 16
 _LINE = 64  # each rank's counter on a cache line of its own: no two ranks write one line
-#: Machines whose stores are seen by other cores in program order (total store order).
-_IN_ORDER_STORES = {"x86_64", "amd64", "i386", "i686"}
+#: Machines (``platform.machine()``, lower case) whose stores other cores see in program order
+#: (x86-64's total store order): the only ones the segment is used on.
+IN_ORDER_STORES = frozenset({"x86_64", "amd64"})
 
 
 class HostAllReduceError(RuntimeError):
@@ -175,12 +176,13 @@ def attach_host_allreduce(
     if rank == 0 and name:
         (shm_dir / name).unlink(missing_ok=True)  # every rank has mapped it or given up
     refused = [(r, why) for r, why in enumerate(reasons) if why]
-    if refused or opened is None:
+    if refused:
         if opened is not None:
             opened[1].close()
             os.close(opened[0])
-        r, why = refused[0] if refused else (rank, "")
+        r, why = refused[0]
         return None, f"gradients averaged by {dist.get_backend()}: rank {r}: {why}"
+    assert opened is not None  # else this rank's own reason would be among those refused
     fd, mapping = opened
     state = HostAllReduce(rank, world, capacity, fd, mapping, timeout.total_seconds())
     ddp.register_comm_hook(state, host_allreduce_hook)
@@ -189,7 +191,7 @@ def attach_host_allreduce(
 
 def _unusable_here(model: nn.Module, shm_dir: Path) -> str:
     """Why this rank cannot use the segment, or ''."""
-    if platform.machine().lower() not in _IN_ORDER_STORES:
+    if platform.machine().lower() not in IN_ORDER_STORES:
         return f"{platform.machine()} may reorder stores between cores"
     if any(p.device.type != "cpu" for p in model.parameters()):
         return "the model is not on the CPU"

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from pipeline.training.host_allreduce import (
+    IN_ORDER_STORES,
     SHM_DIR,
     HostAllReduce,
     HostAllReduceError,
@@ -26,7 +27,7 @@ from pipeline.training.host_allreduce import (
 )
 
 pytestmark = pytest.mark.skipif(
-    platform.machine().lower() not in {"x86_64", "amd64"} or not SHM_DIR.is_dir(),
+    platform.machine().lower() not in IN_ORDER_STORES or not SHM_DIR.is_dir(),
     reason="LOUD SKIP: the shared-memory average runs on x86-64 Linux only; elsewhere gloo "
     "averages and these tests have nothing to check",
 )
