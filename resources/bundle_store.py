@@ -26,6 +26,14 @@ releases if its holder dies): the first fetcher materialises it, the others find
 return it, and a published view is only ever retired when it is stale (it links an object that
 was found tampered with and replaced), never because another process is busy.
 
+A local bundle on the cache's own file system is not copied at all where its producer made its
+files read-only (as ``stage`` and the local Compute do): each such file becomes an object by a
+hard link, hashed once as a download is, and no byte is written (:meth:`BundleStore._link`;
+``link=False`` copies every file). The object is then the source file itself, so an edit to
+the source in place (which takes a ``chmod`` first, and so moves its ctime) is an edit to the
+cache: the ledger stops vouching for it and the bundle is refused by name, never read, and is
+not healed from a source that changed either. A copy outlives such an edit.
+
 :meth:`BundleStore.upload` publishes a bundle of the cache to any fsspec location (an ``s3://``
 prefix): every part first, ``result-manifest.json`` last and only if none is there, so a reader
 never sees half a bundle, uploading the same bundle again is a no-op, and a different bundle
@@ -137,6 +145,7 @@ class FetchResult:
     files_reused: int
     bytes_hashed: int  # hashed on arrival (downloads, plus any cache object re-checked)
     bytes_resumed: int = 0  # of partial files an interrupted fetch left, kept, not sent again
+    files_linked: int = 0  # of files_downloaded, hard-linked from a local source: no bytes copied
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,7 @@ class BundleStore:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         remote_workers: int | None = None,
         rehash: bool = False,
+        link: bool = True,
     ):
         remote_workers = remote_workers or default_remote_workers()
         if chunk_bytes < 1 or remote_workers < 1:
@@ -176,6 +186,8 @@ class BundleStore:
         self.remote_workers = remote_workers
         #: Trust no ledger: every object is hashed again before it is reused or vouched for.
         self.rehash = rehash
+        #: Hard-link a local source's read-only files into the cache instead of copying them.
+        self.link = link
         self._clients: dict[tuple, fsspec.AbstractFileSystem] = {}
         self._clients_lock = threading.Lock()
         self.objects_dir = self.cache_dir / "objects"
@@ -192,6 +204,7 @@ class BundleStore:
             self.incoming_dir,
         ):
             d.mkdir(parents=True, exist_ok=True)
+        self._device = os.stat(self.incoming_dir).st_dev
 
     def _version_lock(self, version: str) -> filelock.BaseFileLock:
         """The lock serialising the download and materialisation of one version.
@@ -305,6 +318,7 @@ class BundleStore:
         # One fetcher per version at a time: the others wait, then find every object present
         # and the view current (nothing downloaded or hashed twice, no view rebuilt under them).
         with self._version_lock(version):
+            sweep(self.incoming_dir, "link")  # links a killed fetch made and never renamed
             todo: dict[str, FileEntry] = {}  # by digest: two entries of equal bytes, one download
             for entry in manifest.bound_files:
                 if entry.sha256 in todo:
@@ -326,9 +340,9 @@ class BundleStore:
             workers = max(1, min(limit, len(todo)))
             failed = threading.Event()
 
-            def download(entry: FileEntry) -> tuple[int, int]:
+            def download(entry: FileEntry) -> tuple[int, int, bool]:
                 if failed.is_set():  # a file already failed: start no new download
-                    return 0, 0
+                    return 0, 0, False
                 try:
                     return self._download(fs, posixpath.join(root, entry.path), entry, url)
                 except BaseException:
@@ -338,8 +352,9 @@ class BundleStore:
             with ThreadPoolExecutor(workers, thread_name_prefix="fetch") as pool:
                 futures = [pool.submit(download, e) for e in todo.values()]
             counts = [f.result() for f in futures]  # the first failure in manifest order
-            nbytes = sum(sent for sent, _ in counts)
-            resumed = sum(kept for _, kept in counts)
+            nbytes = sum(sent for sent, _, _ in counts)
+            resumed = sum(kept for _, kept, _ in counts)
+            linked = sum(1 for _, _, was_linked in counts if was_linked)
             hashed += sum(e.bytes for e in todo.values())
             last = self._manifest_bytes(fs, root, url)
             if last != raw:
@@ -351,7 +366,7 @@ class BundleStore:
                     path=fmt.MANIFEST_NAME,
                 )
             view = self._materialize(manifest, raw)
-        return FetchResult(view, manifest, nbytes, len(todo), reused, hashed, resumed)
+        return FetchResult(view, manifest, nbytes, len(todo), reused, hashed, resumed, linked)
 
     def object_path(self, sha256: str) -> Path:
         """Where the cache keeps the file whose content has this sha256."""
@@ -392,8 +407,14 @@ class BundleStore:
         """
         obj = self.object_path(entry.sha256)
         try:
-            if obj.stat().st_size == entry.bytes and sha256_file(obj) == entry.sha256:
-                os.chmod(obj, READ_ONLY)
+            # A writable object is not made read-only here: it may be a link to a user's file
+            # (see _link), whose mode is theirs. It is replaced instead.
+            st = obj.stat()
+            if (
+                st.st_size == entry.bytes
+                and is_read_only(st.st_mode)
+                and sha256_file(obj) == entry.sha256
+            ):
                 self._record(entry.sha256, obj)
                 return True
         except FileNotFoundError:
@@ -423,8 +444,10 @@ class BundleStore:
 
     def _download(
         self, fs: fsspec.AbstractFileSystem, remote: str, entry: FileEntry, url: str
-    ) -> tuple[int, int]:
-        """Bring one bound file into ``objects/``: ``(bytes transferred, bytes resumed)``.
+    ) -> tuple[int, int, bool]:
+        """Bring one bound file into ``objects/``: ``(bytes transferred, bytes resumed, linked)``.
+
+        A local file the cache may link (:meth:`_link`) is linked; any other is copied.
 
         The partial file ``incoming/<sha256>`` survives an interruption (a killed process, a
         dropped connection) and is continued by the next fetch from its length: its prefix is
@@ -436,7 +459,9 @@ class BundleStore:
         where = _join(url, entry.path)
         with self._object_lock(entry.sha256):
             if self._have(entry):  # another fetch (another version) brought it meanwhile
-                return 0, 0
+                return 0, 0, False
+            if self.link and _is_local(fs) and self._link(Path(remote), entry, where):
+                return 0, 0, True
             partial = self.incoming_dir / entry.sha256
             sent = 0
             while True:
@@ -470,10 +495,65 @@ class BundleStore:
                 _remove(partial)
                 if not self._have(entry):
                     self._adopt(entry)
-                return sent, kept
+                return sent, kept, False
             fsync_dir(self.objects_dir)
             self._record(entry.sha256, obj)
-            return sent, kept
+            return sent, kept, False
+
+    def _link(self, source: Path, entry: FileEntry, where: str) -> bool:
+        """Make a local bound file an object by a hard link: none of its bytes is written.
+
+        Only a regular file that nobody may write, on the cache's file system, is linked: a
+        bundle's producer made it read-only (as ``stage`` does), so changing it in place takes a
+        ``chmod`` first, which moves its ctime, and the ledger then no longer vouches for it: a
+        bundle whose source was edited after it was cached is hashed again and refused, never
+        read. A writable file, one on another file system or one the kernel will not link
+        (``fs.protected_hardlinks``) is copied instead (returns False), as is one whose
+        fingerprint moved while it was hashed. The cache never changes a linked file's mode.
+        """
+        try:
+            st = os.lstat(source)
+        except OSError:
+            return False
+        if not (
+            stat.S_ISREG(st.st_mode)
+            and is_read_only(st.st_mode)
+            and st.st_dev == self._device
+            and st.st_size == entry.bytes
+        ):
+            return False
+        tmp = self.incoming_dir / owned_name(entry.sha256, "link")
+        try:
+            os.link(source, tmp, follow_symlinks=False)
+        except OSError:  # another file system after all, the link limit, a kernel's refusal
+            return False
+        try:
+            before = Fingerprint.of(tmp)
+            if before.ino != st.st_ino or not is_read_only(os.lstat(tmp).st_mode):
+                return False  # replaced since it was looked at
+            digest = sha256_file(tmp)
+            if Fingerprint.of(tmp) != before:
+                return False  # written while it was hashed: a copy is hashed as it is made
+            if digest != entry.sha256:
+                raise DigestMismatch(
+                    f"{where}: sha256 expected {entry.sha256} (manifest), found {digest}; "
+                    "nothing was kept",
+                    path=entry.path,
+                )
+            fsync_file(tmp)  # the producer's bytes on the disk before the cache vouches for them
+            obj = self.object_path(entry.sha256)
+            try:
+                rename_noreplace(tmp, obj)
+            except FileExistsError:  # the same bytes became an object meanwhile (a publish)
+                if not self._have(entry):
+                    self._adopt(entry)
+                return True
+            fsync_dir(self.objects_dir)
+            self._record(entry.sha256, obj)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()  # never chmod: it is the user's file
 
     def _transfer(
         self,
@@ -1050,11 +1130,10 @@ def _write_all(fd: int, data: bytes | memoryview) -> int:
 
 
 def _remove(path: Path) -> None:
-    try:
-        os.chmod(path, 0o600)
+    """Unlink ``path``, read-only or not, without changing its mode (an object may be a link to
+    a user's file: see ``BundleStore._link``)."""
+    with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def _join(url: str, rel: str) -> str:

@@ -81,6 +81,7 @@ class LithiEnv(BaseSettings):
     compute_executor: Literal["subprocess", "inline"] = "subprocess"
     cache_dir: Path | None = None
     rehash: bool = False
+    link_local: bool = True
     artifacts_dir: Path | None = None
     credential_refs: str = ""
     credential_ref: str = ""

@@ -61,7 +61,10 @@ def resources_from(env: LithiEnv, declared: ChainsFile | None = None) -> dict[st
     and sensors ask for them."""
     refs = env.credential_ref_map
     store = BundleStoreResource(
-        cache_dir=str(env.cache_path), credential_refs=refs, rehash=env.rehash
+        cache_dir=str(env.cache_path),
+        credential_refs=refs,
+        rehash=env.rehash,
+        link_local=env.link_local,
     )
     artifacts = ArtifactStore(root=str(env.artifacts_path))
     compute: ComputeResource

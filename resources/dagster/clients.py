@@ -83,11 +83,22 @@ class BundleStoreResource(dg.ConfigurableResource):
         default=False,
         description="Trust no cache ledger: hash every cached file again before using it.",
     )
+    link_local: bool = Field(
+        default=True,
+        description=(
+            "Hard-link a local bundle's read-only files into the cache (on the cache's file "
+            "system) instead of copying them: no bytes written. A source edited in place "
+            "afterwards is refused, not read. False: copy every file."
+        ),
+    )
 
     def store(self) -> BundleStore:
         """The bundle store over the configured cache, with the registered credential refs."""
         return BundleStore(
-            Path(self.cache_dir), CredentialRegistry(self.credential_refs), rehash=self.rehash
+            Path(self.cache_dir),
+            CredentialRegistry(self.credential_refs),
+            rehash=self.rehash,
+            link=self.link_local,
         )
 
 

@@ -55,7 +55,9 @@ def chain_resources(
     the cache and artifacts are always the test's own. ``settings`` are :class:`ChainSettings`
     fields (the PARTIAL policy's among them).
     """
-    store = BundleStoreResource(cache_dir=str(home / "cache"))
+    # A shared Compute's results are every test's sources: the cache copies them rather than
+    # link them, so a test that tampers with its cache changes no other test's input.
+    store = BundleStoreResource(cache_dir=str(home / "cache"), link_local=compute_root is None)
     artifacts = ArtifactStore(root=str(home / "artifacts"))
     return {
         "compute": ComputeResource(root=str(compute_root or home / "compute"), executor="inline"),

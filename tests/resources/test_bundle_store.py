@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +13,7 @@ import pytest
 
 from pipeline.bundle import format as fmt
 from pipeline.bundle.errors import DigestMismatch, IncompleteBundle
+from pipeline.bundle.leftovers import owner
 from pipeline.bundle.stage import ReusedPart, stage
 from pipeline.bundle.verify import verify
 from resources.bundle_store import BundleStore
@@ -43,10 +46,11 @@ def _newer(tmp_path, first, new_rows: int):
 
 
 def test_fetch_downloads_once_and_views_are_hard_links_to_read_only_objects(tmp_path, bundle):
-    store = BundleStore(tmp_path / "cache")
+    store = BundleStore(tmp_path / "cache", link=False)
     got = store.fetch(bundle.root.as_uri())  # a file:// URL
     total = sum(e.bytes for e in bundle.manifest.bound_files)
     assert (got.files_downloaded, got.files_reused, got.bytes_downloaded) == (20, 0, total)
+    assert got.files_linked == 0
     assert got.path == tmp_path / "cache" / "bundles" / bundle.identity.version_id
     assert got.manifest == bundle.manifest
     for entry in got.manifest.parts:
@@ -62,7 +66,7 @@ def test_fetch_downloads_once_and_views_are_hard_links_to_read_only_objects(tmp_
 
 
 def test_rebuild_after_a_small_resubmission_costs_only_the_new_bytes(tmp_path, bundle):
-    store = BundleStore(tmp_path / "cache")
+    store = BundleStore(tmp_path / "cache", link=False)
     store.fetch(str(bundle.root))
     newer = _newer(tmp_path, bundle, new_rows=50)  # one new part: 50 of 1,050 items (~5%)
     new_entries = [
@@ -85,7 +89,7 @@ def test_rebuild_after_a_small_resubmission_costs_only_the_new_bytes(tmp_path, b
 
 
 def test_trusted_only_vouches_for_the_verified_object_itself(tmp_path, bundle):
-    store = BundleStore(tmp_path / "cache")
+    store = BundleStore(tmp_path / "cache", link=False)
     got = store.fetch(str(bundle.root))
     entry = got.manifest.parts[0]
     assert store.trusted(got.path / entry.path, entry)
@@ -100,7 +104,7 @@ def test_trusted_only_vouches_for_the_verified_object_itself(tmp_path, bundle):
 
 
 def test_an_in_place_edit_with_the_mtime_put_back_is_not_trusted(tmp_path, bundle):
-    store = BundleStore(tmp_path / "cache")
+    store = BundleStore(tmp_path / "cache", link=False)
     got = store.fetch(str(bundle.root))
     entry = got.manifest.parts[0]
     assert store.trusted(got.path / entry.path, entry)
@@ -108,7 +112,9 @@ def test_an_in_place_edit_with_the_mtime_put_back_is_not_trusted(tmp_path, bundl
     assert not store.trusted(got.path / entry.path, entry)  # only the ctime says so
     with pytest.raises(DigestMismatch, match=entry.path):
         store.verify(got.path)
-    again = BundleStore(tmp_path / "cache").fetch(str(bundle.root))  # replaced, not trusted
+    again = BundleStore(tmp_path / "cache", link=False).fetch(
+        str(bundle.root)
+    )  # replaced, not trusted
     assert again.files_downloaded == 1 and store.verify(again.path).identity == bundle.identity
 
 
@@ -153,13 +159,13 @@ def test_digest_mismatch_during_download_keeps_nothing_of_that_file(tmp_path, bu
 
 
 def test_a_tampered_cache_object_is_re_checked_and_replaced(tmp_path, bundle):
-    store = BundleStore(tmp_path / "cache")
+    store = BundleStore(tmp_path / "cache", link=False)  # a copy: the source is another file
     store.fetch(str(bundle.root))
     entry = bundle.manifest.parts[0]
     obj = store.object_path(entry.sha256)
     os.chmod(obj, 0o644)
     obj.write_bytes(b"x" * entry.bytes)  # same size, wrong bytes, ledger no longer matches
-    other = BundleStore(tmp_path / "cache")
+    other = BundleStore(tmp_path / "cache", link=False)
     got = other.fetch(str(bundle.root))
     assert got.files_downloaded == 1 and got.bytes_downloaded == entry.bytes
     assert got.bytes_hashed == 2 * entry.bytes  # the suspect object re-checked, then the download
@@ -197,7 +203,7 @@ def test_rebuild_after_resubmitting_5_percent_hashes_about_5_percent(tmp_path):
     )
     job = compute.submit(spec)
     v1 = compute.status(job).latest_version_id
-    store = BundleStore(tmp_path / "cache")
+    store = BundleStore(tmp_path / "cache", link=False)
     first = store.fetch(compute.manifest_url(job))
     compute.resubmit(job, from_version_id=v1, idempotency_key="once")
     assert compute.status(job).state == "SUCCEEDED"
@@ -241,3 +247,117 @@ def test_a_read_only_cache_serves_the_bundles_it_holds(tmp_path, bundle, monkeyp
     again = BundleStore(tmp_path / "cache").fetch(str(bundle.root))
     assert again.path == first.path and again.files_downloaded == 0
     assert store.verify(again.path).stats.bytes_hashed == 0
+
+
+# -- a local source's read-only files are linked, not copied --------------------------------------
+
+
+def _inode(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+def test_a_local_read_only_file_is_linked_into_the_cache_not_copied(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(str(bundle.root))
+    total = sum(e.bytes for e in bundle.manifest.bound_files)
+    assert (got.files_downloaded, got.files_linked, got.bytes_downloaded) == (20, 20, 0)
+    assert got.bytes_hashed == total  # hashed on arrival all the same
+    for entry in bundle.manifest.bound_files:
+        source = bundle.root / entry.path
+        assert (
+            _inode(store.object_path(entry.sha256))
+            == _inode(source)
+            == _inode(got.path / entry.path)
+        )
+        assert os.stat(source).st_mode & 0o777 == 0o444  # the source's mode is untouched
+    assert store.verify(got.path).stats.bytes_hashed == 0  # vouched for by the ledger
+    assert os.listdir(store.incoming_dir) == []  # no link left behind
+
+
+def test_a_writable_source_file_is_copied_and_the_others_linked(tmp_path, bundle):
+    writable = bundle.manifest.parts[2]
+    os.chmod(bundle.root / writable.path, 0o644)  # its producer may still change it
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(str(bundle.root))
+    assert (got.files_linked, got.bytes_downloaded) == (19, writable.bytes)
+    obj = store.object_path(writable.sha256)
+    assert _inode(obj) != _inode(bundle.root / writable.path)
+    assert os.stat(obj).st_mode & 0o777 == 0o444
+    assert os.stat(bundle.root / writable.path).st_mode & 0o777 == 0o644
+    (bundle.root / writable.path).write_bytes(b"changed")  # the copy is not
+    assert store.verify(got.path).identity == bundle.identity
+
+
+def test_a_store_made_not_to_link_copies_every_file(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache", link=False)
+    got = store.fetch(str(bundle.root))
+    assert got.files_linked == 0
+    assert got.bytes_downloaded == sum(e.bytes for e in bundle.manifest.bound_files)
+    for entry in bundle.manifest.bound_files:
+        assert _inode(store.object_path(entry.sha256)) != _inode(bundle.root / entry.path)
+
+
+def test_a_source_on_another_file_system_is_copied(tmp_path, bundle):
+    here = os.stat(tmp_path).st_dev
+    others = [
+        d
+        for d in (Path(tempfile.gettempdir()), Path("/dev/shm"), Path("/var/tmp"))
+        if d.is_dir() and os.access(d, os.W_OK) and os.stat(d).st_dev != here
+    ]
+    if not others:
+        pytest.skip("no writable folder on another file system than the test's own")
+    cache = Path(tempfile.mkdtemp(dir=others[0]))
+    try:
+        got = BundleStore(cache).fetch(str(bundle.root))
+        assert got.files_linked == 0
+        assert got.bytes_downloaded == sum(e.bytes for e in bundle.manifest.bound_files)
+    finally:
+        shutil.rmtree(cache)
+
+
+def test_a_linked_source_edited_in_place_is_refused_never_read(tmp_path, bundle):
+    """A linked object is the source file itself: edited in place (mode and mtime put back),
+    the ledger no longer vouches for it, and the bundle is hashed again and refused by name,
+    by a load and by a new fetch alike; nothing heals it from a source that changed."""
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(str(bundle.root))
+    store.verify(got.path)  # verified once: a receipt
+    entry = bundle.manifest.parts[0]
+    edit_in_place(bundle.root / entry.path, entry.bytes // 2)
+    with pytest.raises(DigestMismatch, match=entry.path):
+        store.verify(got.path)
+    with pytest.raises(DigestMismatch, match=entry.sha256):
+        BundleStore(tmp_path / "cache").fetch(str(bundle.root))
+    assert os.stat(bundle.root / entry.path).st_mode & 0o777 == 0o444  # still the user's mode
+
+
+def test_a_source_that_moves_while_it_is_hashed_is_copied_instead(tmp_path, bundle, monkeypatch):
+    """A file whose fingerprint moves while it is hashed (its producer still at work) is not
+    vouched for as linked: it is copied, and the copy is what is hashed."""
+    import resources.bundle_store as bundle_store
+
+    touched = bundle.manifest.parts[4]
+    hash_file = bundle_store.sha256_file
+
+    def hash_and_touch(path):
+        digest = hash_file(path)
+        if Path(path).name.startswith(touched.sha256):  # the link, mid-fetch
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        return digest
+
+    monkeypatch.setattr(bundle_store, "sha256_file", hash_and_touch)
+    store = BundleStore(tmp_path / "cache")
+    got = store.fetch(str(bundle.root))
+    assert (got.files_linked, got.bytes_downloaded) == (19, touched.bytes)
+    assert _inode(store.object_path(touched.sha256)) != _inode(bundle.root / touched.path)
+    assert store.verify(got.path).identity == bundle.identity
+
+
+def test_a_link_a_killed_fetch_left_is_swept(tmp_path, bundle):
+    store = BundleStore(tmp_path / "cache")
+    entry = bundle.manifest.parts[0]
+    left = store.incoming_dir / f"{entry.sha256}.link-999999999-{owner().split('-')[1]}"
+    os.link(bundle.root / entry.path, left)
+    store.fetch(str(bundle.root))
+    assert not left.exists()
