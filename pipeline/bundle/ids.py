@@ -110,14 +110,17 @@ def duplicates(
         return 0, []
     if hashes is None:
         hashes = [id_hashes(a) for a in arrays]
-    all_hashes = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
-    order = np.sort(all_hashes)
+    # Sorted where it was concatenated: a second array of every hash costs more to allocate
+    # than to fill on a machine that backs large arrays with huge pages (docs/performance.md).
+    order = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
+    order.sort()
     clash = order[1:] == order[:-1]
     if not clash.any():
         return 0, []
     # Exact check, in Arrow, of only the ids whose hashes collide.
     suspects = np.unique(order[1:][clash])
-    mask = pa.array(np.isin(all_hashes, suspects))
+    del order, clash
+    mask = pa.array(np.isin(np.concatenate(hashes), suspects))
     candidates = pc.filter(pa.chunked_array(chunks, type=pa.string()), mask)
     counts = pc.value_counts(candidates)
     dups = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
