@@ -465,6 +465,7 @@ def measure_limits(
     import pyarrow.parquet as pq
 
     from pipeline.bundle.digest import cpu_count, sha256_files
+    from pipeline.bundle.ids import duplicates
     from pipeline.bundle.verify import verify
     from pipeline.readers.index import Index, read_columns
     from pipeline.readers.loader import make_loader
@@ -490,9 +491,14 @@ def measure_limits(
     sha = best(lambda: sha256_files(paths))
     decode_all = best(lambda: [pq.read_table(p) for p in paths])
     decode_ids = best(lambda: read_columns(paths, id_field))
+    checked = _checked_columns(snap.manifest)
+    decode_checked = best(lambda: _read_side_by_side(paths, checked))
+    id_column = pa.chunked_array(
+        [c for col in read_columns(paths, id_field) for c in col.chunks], type=pa.string()
+    )
+    unique = best(lambda: duplicates([id_column]))
     write = _write_seconds(pa.concat_tables(pq.read_table(p) for p in paths), best)
-    id_column = pa.concat_tables(pq.read_table(p, columns=[id_field]) for p in paths)
-    write_ids = best(lambda: _save_ids(id_column.column(0).combine_chunks()))
+    write_ids = best(lambda: _save_ids(id_column.combine_chunks()))
     if copy_whole:
         every = snap.part_paths()
         os.sync()  # what the step wrote is not this copy's to flush
@@ -523,12 +529,40 @@ def measure_limits(
         "bytes_per_row": nbytes / rows,
         "decode_rows_per_s": rows / decode_all,
         "decode_id_rows_per_s": rows / decode_ids,
+        "decode_checked_rows_per_s": rows / decode_checked,
+        "unique_rows_per_s": rows / unique,
         "write_rows_per_s": rows / write,
         "write_id_rows_per_s": rows / write_ids,
         "copy_bytes_per_s": copy_bytes_per_s,
         "loader_rows_per_s": seen / load,
         "sample_rows": rows,
     }
+
+
+def _checked_columns(manifest) -> list[str]:
+    """The columns verify decodes: the ids, and a result bundle's statuses (counted against the
+    manifest's counts by status)."""
+    from pipeline.bundle import format as fmt
+
+    extra = [fmt.STATUS_COLUMN] if manifest.kind == "result" else []
+    return [manifest.item_id_field, *extra]
+
+
+def _read_side_by_side(paths: list[Path], columns: list[str]) -> list:
+    """``columns`` of every file, the files read side by side (a thread a core), as verify and
+    ``read_columns`` read them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    from pipeline.bundle.digest import cpu_count
+
+    def one(path: Path):
+        with pq.ParquetFile(path) as pf:
+            return pf.read(columns=columns, use_threads=False)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpu_count()))) as pool:
+        return list(pool.map(one, paths))
 
 
 def _write_seconds(table, best) -> float:
@@ -582,8 +616,12 @@ def limit_seconds(step: str, items: int, m: dict, lim: dict, input_bytes: int) -
         return rows + write + sha + m["bytes_written"] / lim["sha256_bytes_per_s"]
     if step == "result_manifest":
         return 0.0  # reads one JSON file: no data-sized work
-    if step == "verified_snapshot":  # the copy into the cache, at the disk's durable rate
-        return sha + ids + m.get("bytes_copied", 0) / lim["copy_bytes_per_s"]
+    if step == "verified_snapshot":
+        # hash every byte; decode the ids (and a result's statuses) and find none twice; copy
+        # into the cache what is not linked, at the disk's durable rate
+        checked = items / lim.get("decode_checked_rows_per_s", lim["decode_id_rows_per_s"])
+        unique = items / lim.get("unique_rows_per_s", math.inf)
+        return sha + checked + unique + m.get("bytes_copied", 0) / lim["copy_bytes_per_s"]
     if step == "disjoint_index":  # decode the ids, save them as the index
         return ids + items / lim.get("write_id_rows_per_s", math.inf) + sha
     if step == "training_run":
@@ -752,7 +790,10 @@ def print_table(results: dict) -> None:
             f"({lim['sample_rows']:,} rows sampled; every step measures its own): sha256 x"
             f"{lim['threads']} {lim['sha256_bytes_per_s'] / 1e6:.0f} MB/s; decode "
             f"{lim['decode_rows_per_s'] / 1e6:.2f} M rows/s (ids only "
-            f"{lim['decode_id_rows_per_s'] / 1e6:.2f}); write {lim['write_rows_per_s'] / 1e6:.2f} "
+            f"{lim['decode_id_rows_per_s'] / 1e6:.2f}, with statuses "
+            f"{lim.get('decode_checked_rows_per_s', math.nan) / 1e6:.2f}); unique ids "
+            f"{lim.get('unique_rows_per_s', math.nan) / 1e6:.2f} M rows/s; write "
+            f"{lim['write_rows_per_s'] / 1e6:.2f} "
             f"M rows/s (ids only {lim.get('write_id_rows_per_s', math.nan) / 1e6:.2f}); "
             f"loader {lim['loader_rows_per_s'] / 1e6:.2f} M rows/s; durable copy "
             f"{lim['copy_bytes_per_s'] / 1e6:.0f} MB/s"

@@ -82,6 +82,11 @@ def test_limits_count_the_work_each_step_must_do(chain):
     # ... and bring what it downloaded into the cache at the disk's durable rate
     copied = {**m, "bytes_copied": 1e9}
     assert chain.limit_seconds("verified_snapshot", 10**6, copied, lim, 0) == pytest.approx(4.1)
+    # ... where measured: decode the statuses beside the ids, and find no id twice
+    checked = {**lim, "decode_checked_rows_per_s": 5e6, "unique_rows_per_s": 2e6}
+    assert chain.limit_seconds("verified_snapshot", 10**6, m, checked, 0) == pytest.approx(
+        2 + 0.2 + 0.5
+    )
     # index: decode the ids, save them
     assert chain.limit_seconds("disjoint_index", 10**6, m, lim, 0) == pytest.approx(0.35 + 2)
     # training: every pass at the loader's own rate
