@@ -4,15 +4,17 @@
 to hold (the reference trainer streams: one batch per loader batch). :func:`write_predictions`
 takes either, checks the id column is there before anything is written, and writes row groups
 of :data:`~pipeline.bundle.writer.ROW_GROUP_ROWS` rows under a temporary name, renamed into
-place once whole: a prediction file is complete or absent. Its memory is one row group, whatever
-the number of items. Statuses are counted on the way through, so nothing reads the file again
-to describe it. Downstream, :class:`PredictionFile` reads one column, or streams the batches
-(into a staged bundle), without loading the table.
+place once whole: a prediction file is complete or absent. A thread writes each row group while
+the stream computes the next, so its memory is two row groups, whatever the number of items.
+Statuses are counted on the way through, so nothing reads the file again to describe it.
+Downstream, :class:`PredictionFile` reads one column, or streams the batches (into a staged
+bundle), without loading the table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,13 +72,26 @@ def write_predictions(
     by_status: dict[str, int] = {}
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, reader.schema) as writer:
+    writing: Future | None = None
+    # The pool is left (its write waited for) before the writer closes, and the writer before
+    # the temporary file is renamed or removed.
+    with (
+        atomic_path(path) as tmp,
+        pq.ParquetWriter(tmp, reader.schema) as writer,
+        ThreadPoolExecutor(1, thread_name_prefix="predictions-writer") as pool,
+    ):
 
         def flush() -> None:
-            nonlocal pending, pending_rows
+            """Hand the pending rows to the writer thread as one row group, once it is done
+            with the one before: the stream's next batches are computed while it encodes and
+            compresses (Arrow's writer lets go of the GIL), and its errors surface here."""
+            nonlocal pending, pending_rows, writing
             if pending:
-                writer.write_table(pa.Table.from_batches(pending, reader.schema))
+                table = pa.Table.from_batches(pending, reader.schema)
                 pending, pending_rows = [], 0
+                if writing is not None:
+                    writing.result()
+                writing = pool.submit(writer.write_table, table)
 
         for batch in reader:
             if fmt.STATUS_COLUMN in batch.schema.names:
@@ -89,6 +104,8 @@ def write_predictions(
             if pending_rows >= ROW_GROUP_ROWS:
                 flush()
         flush()
+        if writing is not None:
+            writing.result()
     return PredictionFile(path=path, rows=rows, id_field=id_field, by_status=by_status)
 
 

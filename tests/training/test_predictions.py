@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +14,7 @@ from pipeline.readers.index import Index
 from pipeline.training import TrainerError, load_trainer, predict
 from pipeline.training.predictions import PredictionFile, write_predictions
 from tests.helpers.bundles import stage_result
+from tests.helpers.timing import limit
 from tests.helpers.training import predict_context, train
 
 TRAINER = "tests.example:Mine"
@@ -82,6 +85,52 @@ def test_a_stream_that_fails_midway_leaves_no_file(tmp_path):
     with pytest.raises(RuntimeError, match="out of memory"):
         write_predictions(reader, tmp_path / "p.parquet", id_field="id", trainer=TRAINER)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_next_rows_are_computed_while_a_row_group_is_written(tmp_path, monkeypatch):
+    """The stream is asked for its next batch while a row group is still being written: the
+    first write waits until the stream has passed its rows, which it never could if the
+    writing held the stream up."""
+    next_asked = threading.Event()
+    overlapped: list[bool] = []
+    write = pq.ParquetWriter.write_table
+
+    def slow_write(self, table, *args, **kwargs):
+        if not overlapped:  # the first row group: wait for the stream to go on
+            overlapped.append(next_asked.wait(timeout=limit(30)))
+        return write(self, table, *args, **kwargs)
+
+    def stream():
+        for i, batch in enumerate(_batches(3 * ROW_GROUP_ROWS, 1000)):
+            if i * 1000 > ROW_GROUP_ROWS + 1000:  # well past the first row group
+                next_asked.set()
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", slow_write)
+    reader = pa.RecordBatchReader.from_batches(SCHEMA, stream())
+    out = write_predictions(reader, tmp_path / "p.parquet", id_field="id", trainer=TRAINER)
+    assert overlapped == [True]
+    assert out.read().equals(pa.Table.from_batches(_batches(3 * ROW_GROUP_ROWS, 1000)))
+
+
+@pytest.mark.parametrize("failing", [2, 4], ids=["midway", "the-last"])
+def test_a_write_that_fails_is_raised_and_leaves_no_file(tmp_path, monkeypatch, failing):
+    """A row group the writer thread fails to write fails the whole file, the last one too."""
+    written: list[int] = []
+    write = pq.ParquetWriter.write_table
+
+    def failing_write(self, table, *args, **kwargs):
+        written.append(table.num_rows)
+        if len(written) == failing:
+            raise OSError(28, "No space left on device")
+        return write(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing_write)
+    reader = pa.RecordBatchReader.from_batches(SCHEMA, _batches(4 * ROW_GROUP_ROWS, 1000))
+    with pytest.raises(OSError, match="No space left"):
+        write_predictions(reader, tmp_path / "p.parquet", id_field="id", trainer=TRAINER)
+    assert list(tmp_path.iterdir()) == []
+    assert len(written) == failing  # no row group handed on after the failure was seen
 
 
 @pytest.fixture(scope="module")
