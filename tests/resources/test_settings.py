@@ -55,6 +55,8 @@ def test_every_setting_comes_from_its_variable(clean_env, tmp_path):
         "LITHI_CACHE_DIR": str(tmp_path / "elsewhere"),
         "LITHI_CREDENTIAL_REFS": "lab=LAB_TOKEN, other=OTHER_TOKEN",
         "LITHI_COMPUTE_EXECUTOR": "inline",
+        "LITHI_LINK_LOCAL": "false",
+        "LITHI_REHASH": "true",
     }
     for k, v in env.items():
         clean_env.setenv(k, v)
@@ -68,6 +70,8 @@ def test_every_setting_comes_from_its_variable(clean_env, tmp_path):
     assert res["compute"].executor == "inline"
     assert res["bundle_store"].store().cache_dir == tmp_path / "elsewhere"
     assert res["bundle_store"].credential_refs == {"lab": "LAB_TOKEN", "other": "OTHER_TOKEN"}
+    store = res["bundle_store"].store()
+    assert (store.link, store.rehash) == (False, True)
 
 
 def test_empty_means_unset(clean_env):
