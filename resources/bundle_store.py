@@ -488,16 +488,7 @@ class BundleStore:
                     )
             fsync_file(partial)  # durable before the cache trusts it
             os.chmod(partial, READ_ONLY)
-            obj = self.object_path(entry.sha256)
-            try:
-                rename_noreplace(partial, obj)
-            except FileExistsError:  # the same bytes became an object meanwhile (a publish)
-                _remove(partial)
-                if not self._have(entry):
-                    self._adopt(entry)
-                return sent, kept, False
-            fsync_dir(self.objects_dir)
-            self._record(entry.sha256, obj)
+            self._install(partial, entry)
             return sent, kept, False
 
     def _link(self, source: Path, entry: FileEntry, where: str) -> bool:
@@ -541,19 +532,27 @@ class BundleStore:
                     path=entry.path,
                 )
             fsync_file(tmp)  # the producer's bytes on the disk before the cache vouches for them
-            obj = self.object_path(entry.sha256)
-            try:
-                rename_noreplace(tmp, obj)
-            except FileExistsError:  # the same bytes became an object meanwhile (a publish)
-                if not self._have(entry):
-                    self._adopt(entry)
-                return True
-            fsync_dir(self.objects_dir)
-            self._record(entry.sha256, obj)
+            self._install(tmp, entry)
             return True
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()  # never chmod: it is the user's file
+
+    def _install(self, path: Path, entry: FileEntry) -> None:
+        """Rename ``path`` (its bytes checked against ``entry``, read-only, flushed) into
+        ``objects/`` and record it in the ledger. Where the same bytes became an object
+        meanwhile (another fetch, a publish), ``path`` is dropped and that object is kept,
+        re-checked first unless the ledger vouches for it."""
+        obj = self.object_path(entry.sha256)
+        try:
+            rename_noreplace(path, obj)
+        except FileExistsError:
+            _remove(path)
+            if not self._have(entry):
+                self._adopt(entry)
+            return
+        fsync_dir(self.objects_dir)
+        self._record(entry.sha256, obj)
 
     def _transfer(
         self,
@@ -774,14 +773,7 @@ class BundleStore:
                 continue  # the same bytes are already an object (an earlier identical output)
             src = root / entry.path
             os.chmod(src, READ_ONLY)
-            try:
-                rename_noreplace(src, obj)
-            except FileExistsError:  # a concurrent fetch published the same bytes first
-                if not self._have(entry):
-                    self._adopt(entry)
-                continue
-            fsync_dir(self.objects_dir)
-            self._record(entry.sha256, obj)
+            self._install(src, entry)
         return self._materialize(manifest, raw)
 
     # -- upload ------------------------------------------------------------------------------
