@@ -15,7 +15,11 @@ warm, as the steps found it), each the best of three tries:
 
 * ``sha256``: the project's parallel file hashing (two threads here) over the result parts;
 * ``decode``: ``pq.read_table`` of every column of the result parts, and the id column alone
-  read from every part side by side, a thread a core (as ``Index.from_snapshot`` reads it);
+  read from every part side by side, a thread a core (as ``Index.from_snapshot`` reads it),
+  and the columns verify decodes (the ids and a result's statuses) with ``pq.read_table`` over
+  every part;
+* ``unique ids``: ``pipeline.bundle.ids.duplicates`` over the ids already in memory (verify's
+  check that no id occurs twice);
 * ``write``: ``pq.write_table`` of the result rows (the staging writer's codec and row groups);
 * ``write ids``: saving the id column as ``disjoint_index`` saves its index (``index.parquet``,
   zstd, written atomically);
@@ -492,7 +496,7 @@ def measure_limits(
     decode_all = best(lambda: [pq.read_table(p) for p in paths])
     decode_ids = best(lambda: read_columns(paths, id_field))
     checked = _checked_columns(snap.manifest)
-    decode_checked = best(lambda: _read_side_by_side(paths, checked))
+    decode_checked = best(lambda: pq.read_table(paths, columns=checked))
     id_column = pa.chunked_array(
         [c for col in read_columns(paths, id_field) for c in col.chunks], type=pa.string()
     )
@@ -546,23 +550,6 @@ def _checked_columns(manifest) -> list[str]:
 
     extra = [fmt.STATUS_COLUMN] if manifest.kind == "result" else []
     return [manifest.item_id_field, *extra]
-
-
-def _read_side_by_side(paths: list[Path], columns: list[str]) -> list:
-    """``columns`` of every file, the files read side by side (a thread a core), as verify and
-    ``read_columns`` read them."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import pyarrow.parquet as pq
-
-    from pipeline.bundle.digest import cpu_count
-
-    def one(path: Path):
-        with pq.ParquetFile(path) as pf:
-            return pf.read(columns=columns, use_threads=False)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpu_count()))) as pool:
-        return list(pool.map(one, paths))
 
 
 def _write_seconds(table, best) -> float:
